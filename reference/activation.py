@@ -52,9 +52,19 @@ def gate_up_rows(n_rows: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def split_gate_up(x: torch.Tensor, layout: str, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gate and up halves of ``x`` along ``dim``, under ``layout``."""
-    gate, up = gate_up_rows(x.shape[dim], layout)
-    return x.index_select(dim, gate.to(x.device)), x.index_select(dim, up.to(x.device))
+    """The gate and up halves of ``x`` along ``dim``, under ``layout``, as views of ``x`` (no
+    copy and no index tensor: the oracle calls this once per expert, on the device)."""
+    check_layout(layout)
+    n = x.shape[dim]
+    if n % 2:
+        raise ValueError(f"a fused gate/up dimension must be even (2I), got {n}")
+    if layout in ("interleaved", "pair_swapped"):
+        pair_axis = dim if dim < 0 else dim + 1
+        pairs = x.unflatten(dim, (n // 2, 2))
+        first, second = pairs.select(pair_axis, 0), pairs.select(pair_axis, 1)
+    else:
+        first, second = x.narrow(dim, 0, n // 2), x.narrow(dim, n // 2, n // 2)
+    return (first, second) if layout in ("interleaved", "chunked_gate_up") else (second, first)
 
 
 def convert_layout(t: torch.Tensor, src: str, dst: str, dim: int) -> torch.Tensor:

@@ -14,8 +14,9 @@ expert's output, the routing weights, the final output); by default none is roun
 points a backend declares the oracle reproduces that backend's arithmetic up to its accumulation
 order. With ``router_weight_on_input`` (Llama4) ``w`` scales ``x[t]`` before GEMM1 instead.
 
-Experts are processed in a batch each (one GEMM pair per expert with tokens), the same code on CPU
-and CUDA; inputs are never modified.
+Experts run in groups, one batched GEMM pair per group, each expert's tokens padded to the group's
+largest count (the padding rows are computed and dropped); the same code runs on CPU and CUDA;
+inputs are never modified.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+
 from mxmoe.reference.activation import (
     GPT_OSS_ALPHA,
     GPT_OSS_BETA,
@@ -170,13 +172,79 @@ class MoEWeights:
         return self.w13_blocks.shape[1] // 2
 
 
-def _check_inputs(x: torch.Tensor, weights: MoEWeights) -> None:
+@dataclass(frozen=True)
+class DequantizedWeights:
+    """MoE weights already dequantized to float64 (``dequantize_weights``): ``w13`` [E, 2I, H],
+    ``w2`` [E, H, I], biases float64 or None.
+
+    Dequantizing is exact, so the layer computed from these equals the layer computed from the
+    packed weights bit for bit; it only saves the dequantization when many cases (token counts,
+    routings, precision points) are checked against one layer's weights. At gpt-oss-120b shapes
+    dequantization costs about as much as the GEMMs of T=4096 tokens.
+    """
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    w13_layout: str
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w2.shape[1]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return self.w13.shape[1] // 2
+
+
+def dequantize_weights(weights: MoEWeights) -> DequantizedWeights:
+    """All experts' weights in float64 (3 * E * H * I * 8 bytes: 25 GB for gpt-oss-120b)."""
+    if not isinstance(weights, MoEWeights):
+        raise ValueError(f"weights must be a MoEWeights, got {type(weights).__name__}")
+    return DequantizedWeights(
+        w13=dequantize_mxfp4(weights.w13_blocks, weights.w13_scales),
+        w2=dequantize_mxfp4(weights.w2_blocks, weights.w2_scales),
+        w13_bias=None if weights.w13_bias is None else weights.w13_bias.to(torch.float64),
+        w2_bias=None if weights.w2_bias is None else weights.w2_bias.to(torch.float64),
+        w13_layout=weights.w13_layout,
+    )
+
+
+AnyWeights = MoEWeights | DequantizedWeights
+
+
+def _expert_range(
+    weights: AnyWeights, lo: int, hi: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """float64 (w13, b13, w2, b2) of experts lo..hi-1 (views where already dequantized)."""
+    if isinstance(weights, DequantizedWeights):
+        w13, w2 = weights.w13[lo:hi], weights.w2[lo:hi]
+    else:
+        w13 = dequantize_mxfp4(weights.w13_blocks[lo:hi], weights.w13_scales[lo:hi])
+        w2 = dequantize_mxfp4(weights.w2_blocks[lo:hi], weights.w2_scales[lo:hi])
+    b13 = None if weights.w13_bias is None else weights.w13_bias[lo:hi].to(torch.float64)
+    b2 = None if weights.w2_bias is None else weights.w2_bias[lo:hi].to(torch.float64)
+    return w13, b13, w2, b2
+
+
+def _check_inputs(x: torch.Tensor, weights: AnyWeights) -> None:
+    if not isinstance(weights, (MoEWeights, DequantizedWeights)):
+        raise ValueError(f"weights must be a MoEWeights or DequantizedWeights, got {type(weights).__name__}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2:
         raise ValueError("x must be a floating-point tensor [T, H]")
     if x.shape[1] != weights.hidden_size:
         raise ValueError(f"x must be [T, H={weights.hidden_size}] to match the weights, got {tuple(x.shape)}")
-    if x.device != weights.w13_blocks.device:
-        raise ValueError(f"x and the weights must be on one device, got {x.device} and {weights.w13_blocks.device}")
+    wdev = weights.w13.device if isinstance(weights, DequantizedWeights) else weights.w13_blocks.device
+    if x.device != wdev:
+        raise ValueError(f"x and the weights must be on one device, got {x.device} and {wdev}")
 
 
 def _local_ids(ids: torch.Tensor, expert_map: torch.Tensor | None, n_global: int, n_local: int) -> torch.Tensor:
@@ -201,10 +269,56 @@ def _local_ids(ids: torch.Tensor, expert_map: torch.Tensor | None, n_global: int
     return em[ids]
 
 
+BUDGET_BYTES = 4 << 30
+"""Most bytes of float64 weights and activations one group of experts may hold at once."""
+MAX_PADDING = 0.15
+"""Most extra cost a group of experts may add by padding, as a fraction of its experts' own."""
+
+
+FREE_ROWS = 64
+"""Below this many token rows an expert's GEMMs are bound by reading its weights, not by
+arithmetic (float64 on an H200: about 58 TFLOP/s over 4.3 TB/s is 13.5 FLOP a byte, 2 FLOP per
+8-byte weight per row), so padding an expert up to it costs next to nothing."""
+
+
+def _expert_groups(counts: list[int], weights: AnyWeights) -> list[tuple[int, int, int]]:
+    """Runs of consecutive experts ``(lo, hi, rows)`` that each run as one batched GEMM pair, every
+    expert's tokens padded to ``rows``, the run's largest count.
+
+    Per-expert host overhead, not arithmetic, bounds a per-expert loop at gpt-oss-120b shapes (128
+    experts), hence the batches. Runs are consecutive so that their weights are slices (views,
+    once dequantized). An expert's cost is taken as ``max(rows, FREE_ROWS)``; a run grows while its
+    cost stays within MAX_PADDING of what its experts would cost alone (an expert without tokens
+    inside a run costs FREE_ROWS for nothing) and its weights and activations fit BUDGET_BYTES.
+    A run never starts or ends with an expert that has no tokens.
+    """
+    h, i = weights.hidden_size, weights.intermediate_size
+    weight_bytes = 3 * h * i * (8 + 2)  # float64 values plus the int32 gather index (one per 2 values)
+    row_bytes = (h + 3 * i + h) * 8  # a token's input, GEMM1 output, intermediate and output rows
+    groups: list[tuple[int, int, int]] = []
+    run: list[int] | None = None  # [lo, last expert with tokens, rows, cost alone]
+    for e, c in enumerate(counts):
+        alone = max(c, FREE_ROWS) if c else 0
+        if run is not None:
+            lo, last, rows, cost = run
+            size, new_rows = e + 1 - lo, max(rows, c)
+            pad_ok = size * max(new_rows, FREE_ROWS) <= (1 + MAX_PADDING) * (cost + alone)
+            if pad_ok and size * (weight_bytes + new_rows * row_bytes) <= BUDGET_BYTES:
+                run = [lo, e if c else last, new_rows, cost + alone]
+                continue
+            groups.append((lo, last + 1, rows))
+            run = None
+        if c:
+            run = [e, e, c, alone]
+    if run is not None:
+        groups.append((run[0], run[1] + 1, run[2]))
+    return groups
+
+
 def moe(
     x: torch.Tensor,
     router_logits: torch.Tensor,
-    weights: MoEWeights,
+    weights: AnyWeights,
     *,
     top_k: int,
     routing_method: str = "Renormalize",
@@ -251,7 +365,7 @@ def moe(
 def moe_routed(
     x: torch.Tensor,
     routing: Routing,
-    weights: MoEWeights,
+    weights: AnyWeights,
     *,
     n_experts: int | None = None,
     activation: str = "swigluoai",
@@ -285,37 +399,44 @@ def moe_routed(
     x64 = x.to(torch.float64)
     w64 = round_to(w.to(x.device, torch.float64), precision.routing_weights)
     x_in = None if router_weight_on_input else round_to(x64, precision.activation_input, precision.mx_rule)
-    out = torch.zeros(t, weights.hidden_size, dtype=torch.float64, device=x.device)
 
+    # Slots (token, j-th choice) sorted by local expert: each expert's slots are one run.
     flat = local.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat[flat >= 0], minlength=n_local).tolist()
-    start = int((flat < 0).sum())  # non-local slots sort first (id -1)
+    counts_dev = torch.bincount(flat[flat >= 0], minlength=n_local)
+    counts = counts_dev.tolist()  # the one host sync: group sizes are decided on the host
+    starts_dev = torch.cumsum(counts_dev, 0) - counts_dev + (flat < 0).sum()  # non-local slots sort first
     k = ids.shape[1]
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        slots = order[start : start + n]
-        start += n
+    w_flat = w64.reshape(-1)
+    # Each slot's expert output, weighted; summed over a token's k slots at the end, in selection
+    # order, so that the result does not depend on how experts are grouped or on atomics.
+    # Row t*k is a sink for padding rows, so that no step inside the loop waits for the device.
+    per_slot = torch.zeros(t * k + 1, weights.hidden_size, dtype=torch.float64, device=x.device)
+    for lo, hi, rows in _expert_groups(counts, weights):
+        arange = torch.arange(rows, device=x.device)
+        valid = arange[None, :] < counts_dev[lo:hi, None]  # [G, rows]: False on padding rows
+        pos = starts_dev[lo:hi, None] + arange
+        slots = order[torch.where(valid, pos, 0)]  # padding rows borrow slot order[0]; dropped below
         tok = slots // k
-        we = w64.reshape(-1)[slots].unsqueeze(1)
+        we = w_flat[slots].unsqueeze(-1)
         if router_weight_on_input:
             xe = round_to(x64[tok] * we, precision.activation_input, precision.mx_rule)
         else:
             xe = x_in[tok]
-        w13 = dequantize_mxfp4(weights.w13_blocks[e], weights.w13_scales[e])
-        h = xe @ w13.T
-        if weights.w13_bias is not None:
-            h = h + weights.w13_bias[e].to(torch.float64)
+        w13, b13, w2, b2 = _expert_range(weights, lo, hi)
+        h = torch.bmm(xe, w13.transpose(1, 2))
+        if b13 is not None:
+            h = h + b13.unsqueeze(1)
         h = round_to(h, precision.gemm1_output)
         a = gated_activation(h, activation, weights.w13_layout, alpha, beta, limit)
         a = round_to(a, precision.intermediate, precision.mx_rule)
-        w2 = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e])
-        y = a @ w2.T
-        if weights.w2_bias is not None:
-            y = y + weights.w2_bias[e].to(torch.float64)
+        y = torch.bmm(a, w2.transpose(1, 2))
+        if b2 is not None:
+            y = y + b2.unsqueeze(1)
         y = round_to(y, precision.expert_output)
         if not router_weight_on_input:
             y = y * we
-        out.index_add_(0, tok, y)
+        per_slot[torch.where(valid, slots, t * k).flatten()] = y.flatten(0, 1)
+        del w13, w2, h, a, y
+    out = per_slot[: t * k].reshape(t, k, weights.hidden_size).sum(dim=1)
     return out.to(precision.output)

@@ -103,16 +103,19 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _pair_table(device: torch.device) -> torch.Tensor:
-    """[256 * 256, 2] float64: row ``s * 256 + b`` holds both elements of packed byte ``b`` times
-    scale byte ``s``. One gather then dequantizes a byte, scale included, in one exact pass: the
-    reference's speed at gpt-oss-120b shapes is bounded by this step (SPEC section 7)."""
+    """complex128 [256 * 256]: entry ``s * 256 + b`` holds both elements of packed byte ``b``
+    times scale byte ``s`` (the low nibble's value as the real part, the high's as the imaginary).
+    One gather then dequantizes a byte, scale included, in one exact pass. The pair is stored as one
+    16-byte complex number because gathering 16-byte elements is about 75 times faster on an H200
+    than gathering rows of two float64 (0.07 ms against 5 ms for one gpt-oss expert's w13), and
+    this step bounds the oracle's speed at gpt-oss-120b shapes."""
     key = device.type if device.index is None else f"{device.type}:{device.index}"
     table = _PAIR_TABLES.get(key)
     if table is None:
         byte = torch.arange(256, dtype=torch.uint8)
         pair = decode_e2m1(unpack_fp4(byte.unsqueeze(-1)))  # [256, 2]
         scale = decode_e8m0(byte)  # [256]
-        table = (scale[:, None, None] * pair[None]).reshape(256 * 256, 2).to(device)
+        table = torch.view_as_complex((scale[:, None, None] * pair[None]).reshape(256 * 256, 2)).to(device)
         _PAIR_TABLES[key] = table
     return table
 
@@ -135,8 +138,9 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
         raise ValueError(f"blocks and scales must be on one device, got {blocks.device} and {scales.device}")
     lead = blocks.shape[:-1]
     nblk = scales.shape[-1]
-    idx = (scales.to(torch.int32) << 8).unsqueeze(-1) + blocks.reshape(*lead, nblk, BLOCK // 2).to(torch.int32)
-    out = _pair_table(blocks.device).index_select(0, idx.reshape(-1))
+    # uint8 + int32 promotes to int32 in the one kernel that builds the index.
+    idx = blocks.reshape(*lead, nblk, BLOCK // 2) + (scales.to(torch.int32) << 8).unsqueeze(-1)
+    out = torch.view_as_real(_pair_table(blocks.device).index_select(0, idx.reshape(-1)))
     return out.reshape(*lead, half * 2)
 
 
@@ -163,12 +167,13 @@ def _shared_exponent(amax: torch.Tensor, rule: str, fmt: tuple[int, int, int, fl
         _, exp = torch.frexp(safe)
         e = exp.to(torch.float64) - 1 - emax
     elif rule == "even":
-        # Round amax to mbits mantissa bits, half away from zero, then take its exponent.
-        _, exp = torch.frexp(safe)
-        step = torch.exp2(exp.to(torch.float64) - 1 - mbits)
-        rounded = torch.floor(safe / step + 0.5) * step
-        _, exp = torch.frexp(rounded)
-        e = exp.to(torch.float64) - 1 - emax
+        # amax rounded to mbits mantissa bits, half away from zero, moves up an exponent exactly
+        # when its mantissa rounds up to 2. Decided on frexp's mantissa, not by rounding amax
+        # itself, which overflows or underflows at the ends of float64.
+        m, exp = torch.frexp(safe)  # m in [0.5, 1)
+        top = 2.0 ** (mbits + 1)
+        bump = (torch.floor(m * top + 0.5) >= top).to(torch.float64)
+        e = exp.to(torch.float64) - 1 - emax + bump
     else:  # rceil
         # Smallest e with amax / 2**e <= vmax. Computed on the exponent and mantissa separately so
         # that no rounding of amax / vmax can move it: amax <= vmax * 2**e  <=>  e >= log2(amax/vmax).
@@ -181,9 +186,7 @@ def _shared_exponent(amax: torch.Tensor, rule: str, fmt: tuple[int, int, int, fl
     return torch.clamp(e, -E8M0_BIAS, E8M0_BIAS)
 
 
-def _quantize_blocks(
-    x: torch.Tensor, rule: str, fmt: tuple[int, int, int, float]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_blocks(x: torch.Tensor, rule: str, fmt: tuple[int, int, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared exponent and rounded element values (float64, not yet encoded) of each block."""
     _check_float("x", x)
     _check_rule(rule)

@@ -101,9 +101,7 @@ def _validate(
         if not 1 <= topk_group <= n_group:
             raise ValueError(f"topk_group must be in 1..n_group={n_group}, got {topk_group}")
         if top_k > topk_group * (n_exp // n_group):
-            raise ValueError(
-                f"top_k={top_k} exceeds the {topk_group * (n_exp // n_group)} experts in the kept groups"
-            )
+            raise ValueError(f"top_k={top_k} exceeds the {topk_group * (n_exp // n_group)} experts in the kept groups")
 
 
 def _selection_scores(

@@ -1,0 +1,88 @@
+"""Speed of the reference MoE layer at production shapes, next to a plain float64 matmul timed in
+the same run: the oracle must be fast enough to check gpt-oss layers at T=4096 on one GPU, and
+the matmul says what "fast" means on that device."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mxmoe.harness.inputs import generator_for, random_mxfp4_weights, tie_free_logits
+from mxmoe.reference.moe import dequantize_weights, moe
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """One MoE layer's shape."""
+
+    name: str
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+
+    def gemm_flops(self, tokens: int) -> int:
+        """FLOPs of the two expert GEMMs over ``tokens`` tokens (2 per multiply-add)."""
+        per_slot = 2 * (2 * self.intermediate * self.hidden + self.hidden * self.intermediate)
+        return tokens * self.top_k * per_slot
+
+
+MODEL_SHAPES = {
+    "gptoss20b": ModelShape("gptoss20b", 32, 4, 2880, 2880),
+    "gptoss120b": ModelShape("gptoss120b", 128, 4, 2880, 2880),
+}
+
+
+def _timed(fn: Callable[[], object], device: str, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up call."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(device: str, n: int, repeats: int) -> float:
+    """FLOP/s of an n x n x n float64 matmul on ``device`` (random data, not zeros)."""
+    gen = generator_for("bench-matmul", device)
+    a = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64)
+    b = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64)
+    return 2 * n**3 / _timed(lambda: a @ b, device, repeats)
+
+
+def bench_reference(
+    device: str, models: list[str], tokens: list[int], repeats: int, matmul_n: int
+) -> tuple[float, list[dict[str, object]]]:
+    """Time the reference layer for each model and token count; returns the same-run matmul
+    FLOP/s and one row per (model, T)."""
+    rate = matmul_rate(device, matmul_n, repeats)
+    rows = []
+    for name in models:
+        shape = MODEL_SHAPES[name]
+        gen = generator_for(f"bench-{name}", device)
+        weights = random_mxfp4_weights(gen, shape.experts, shape.hidden, shape.intermediate, device=device)
+        prepared = dequantize_weights(weights)
+        for t in tokens:
+            x = torch.randn(t, shape.hidden, generator=gen, device=device).to(torch.bfloat16)
+            logits = tie_free_logits(gen, t, shape.experts, device)
+            flops = shape.gemm_flops(t)
+            row: dict[str, object] = {"model": name, "tokens": t, "matmul_tflops": rate / 1e12}
+            # "packed": dequantization included, as for a one-off check; "prepared": weights
+            # dequantized once (dequantize_weights) and shared by every case on that layer.
+            for kind, w in (("packed", weights), ("prepared", prepared)):
+                secs = _timed(lambda x=x, lg=logits, w=w, k=shape.top_k: moe(x, lg, w, top_k=k), device, repeats)
+                row[f"{kind}_ms"] = secs * 1e3
+                row[f"{kind}_tflops"] = flops / secs / 1e12
+                row[f"{kind}_ratio"] = flops / secs / rate
+            rows.append(row)
+        del weights, prepared
+    return rate, rows
