@@ -123,7 +123,10 @@ def gated_activation(
     ``alpha``, ``beta`` and ``limit`` are used by ``swigluoai`` only.
     """
     check_activation(activation)
-    gate, up = split_gate_up(x, layout)
+    # Contiguous copies: strided and contiguous inputs take different vectorized paths through
+    # torch's elementwise kernels, which differ in the last bit; copies keep the result the same
+    # bits whatever the layout.
+    gate, up = (t.contiguous() for t in split_gate_up(x, layout))
     if activation == "silu":
         return silu_and_mul(gate, up)
     return swigluoai(gate, up, alpha, beta, limit)

@@ -33,7 +33,7 @@ from mxmoe.reference.activation import (
     check_layout,
     gated_activation,
 )
-from mxmoe.reference.mxfp4 import BLOCK, SCALE_RULES, dequantize_mxfp4, fake_quantize
+from mxmoe.reference.mxfp4 import BLOCK, SCALE_RULES, dequantize_mxfp4, fake_quantize, round_to_dtype
 from mxmoe.reference.routing import Routing, route
 
 ROUNDINGS = ("fp64", "fp32", "bf16", "mxfp8")
@@ -89,9 +89,9 @@ def round_to(x: torch.Tensor, point: str, mx_rule: str = "floor") -> torch.Tenso
     if point == "fp64":
         return x
     if point == "fp32":
-        return x.to(torch.float32).to(torch.float64)
+        return round_to_dtype(x, torch.float32)
     if point == "bf16":
-        return x.to(torch.bfloat16).to(torch.float64)
+        return round_to_dtype(x, torch.bfloat16)
     if point == "mxfp8":
         return fake_quantize(x, "mxfp8", mx_rule)
     raise ValueError(f"point must be one of {', '.join(ROUNDINGS)}; got {point!r}")
@@ -336,6 +336,7 @@ def moe(
 ) -> torch.Tensor:
     """The MoE layer: route ``router_logits`` [T, E] with ``routing_method``, then
     ``moe_routed``. Returns [T, H] in ``precision.output``."""
+    _check_inputs(x, weights)
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2 or router_logits.shape[0] != x.shape[0]:
         raise ValueError(f"router_logits must be a tensor [T={x.shape[0]}, E]")
     routing = route(
@@ -439,4 +440,6 @@ def moe_routed(
         per_slot[torch.where(valid, slots, t * k).flatten()] = y.flatten(0, 1)
         del w13, w2, h, a, y
     out = per_slot[: t * k].reshape(t, k, weights.hidden_size).sum(dim=1)
-    return out.to(precision.output)
+    if precision.output == torch.float64:
+        return out
+    return round_to_dtype(out, precision.output).to(precision.output)  # one rounding, not two

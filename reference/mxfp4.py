@@ -159,6 +159,29 @@ def _round_minifloat(y: torch.Tensor, fmt: tuple[int, int, int, float]) -> torch
     return torch.copysign(q, y)
 
 
+_IEEE = {  # (mantissa bits, exponent of the smallest normal, largest finite magnitude)
+    torch.bfloat16: (7, -126, float(torch.finfo(torch.bfloat16).max)),
+    torch.float16: (10, -14, float(torch.finfo(torch.float16).max)),
+    torch.float32: (23, -126, float(torch.finfo(torch.float32).max)),
+}
+
+
+def round_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded ONCE to nearest-even in ``dtype`` (bfloat16, float16, float32), as float64;
+    magnitudes that round past the largest finite value become infinities, as in IEEE arithmetic.
+
+    ``tensor.to(torch.bfloat16)`` from float64 goes through float32 and so rounds twice: a value
+    just above a bf16 midpoint can land on the midpoint in float32 and then round to even, the
+    wrong way. A kernel that rounds its float32 accumulator to bf16 rounds once, and so does this.
+    """
+    if dtype not in _IEEE:
+        raise ValueError(f"dtype must be one of {', '.join(map(str, _IEEE))}; got {dtype}")
+    mbits, emin, vmax = _IEEE[dtype]
+    y = x.to(torch.float64)
+    q = _round_minifloat(y, (mbits, emin, 0, math.inf))
+    return torch.where(q.abs() > vmax, torch.copysign(torch.full_like(q, math.inf), y), q)
+
+
 def _shared_exponent(amax: torch.Tensor, rule: str, fmt: tuple[int, int, int, float]) -> torch.Tensor:
     """Unbiased shared exponent of each block under ``rule`` (float64, in [-127, 127])."""
     mbits, _, emax, vmax = fmt

@@ -115,7 +115,7 @@ def _selection_scores(
     methods the per-group scores."""
     if method not in _BIASED:
         return logits, None
-    bias = torch.zeros_like(logits[0]) if correction_bias is None else correction_bias.to(logits)
+    bias = logits.new_zeros(logits.shape[1]) if correction_bias is None else correction_bias.to(logits)
     scores = torch.sigmoid(logits) + bias
     if n_group is None:
         return scores, None

@@ -1,0 +1,102 @@
+"""The project imports from a checkout and from an install, and never shadows another package.
+
+SPEC section 7: Hugging Face's ``kernels`` (which transformers imports for GPT-OSS MXFP4) and other
+generic names (``harness``, ``reference``, ``reports``) must keep working beside this project, so
+the design's folders are installed only as ``mxmoe.*`` and are namespace folders in a checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DESIGN_FOLDERS = ("harness", "reference", "kernels", "reports")
+
+
+def _run(code: str, cwd: Path, env_path: str | None = None) -> str:
+    env = dict(os.environ)
+    if env_path is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = env_path
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"python -c failed in {cwd}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout.strip()
+
+
+def test_design_folders_are_not_regular_top_level_packages():
+    """A folder with __init__.py at the repository root would be a regular package named
+    ``kernels`` (or ``harness``...) for anyone running from the root, hiding the installed one."""
+    for name in DESIGN_FOLDERS:
+        assert (ROOT / name).is_dir(), f"{name}/ is part of the design's layout"
+        assert not (ROOT / name / "__init__.py").exists(), f"{name}/__init__.py would shadow a top-level {name}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project built as a wheel and installed (without dependencies) into a fresh folder."""
+    target = tmp_path_factory.mktemp("site")
+    wheels = tmp_path_factory.mktemp("wheels")
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(wheels),
+        str(ROOT),
+    ]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("mxfp4_moe_harness-*.whl")
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    return target
+
+
+def test_import_from_an_install(installed: Path, tmp_path: Path):
+    """Outside the checkout, every subpackage resolves inside the installed ``mxmoe``."""
+    out = _run(
+        "import mxmoe, mxmoe.reference.moe as m, mxmoe.harness.cli as c;"
+        "print(mxmoe.__file__); print(m.__file__); print(c.__file__)",
+        cwd=tmp_path,
+        env_path=str(installed),
+    )
+    for line in out.splitlines():
+        assert line.startswith(str(installed / "mxmoe")), f"{line} is not inside the install {installed}"
+
+
+def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path):
+    out = _run("import sys; from mxmoe.harness.cli import main; sys.exit(main(['signoff']))", tmp_path, str(installed))
+    assert "0 failed" in out
+
+
+def test_import_from_a_checkout():
+    """From the repository root with nothing installed, ``mxmoe.*`` resolves to the folders."""
+    out = _run("import mxmoe.reference.mxfp4 as m; print(m.__file__)", cwd=ROOT)
+    assert out == str(ROOT / "reference" / "mxfp4.py")
+
+
+@pytest.mark.parametrize("where", ["checkout-root", "install"])
+def test_hugging_face_kernels_still_imports(where: str, installed: Path, tmp_path: Path):
+    """``import kernels`` gives Hugging Face's package, also from the repository root (where our
+    ``kernels/`` folder is on sys.path first) and beside an install of this project."""
+    pytest.importorskip("kernels", reason="Hugging Face's kernels package is not installed (pip install kernels)")
+    cwd, path = (ROOT, None) if where == "checkout-root" else (tmp_path, str(installed))
+    out = _run(
+        "import kernels, mxmoe.reference.mxfp4 as ours; print(kernels.__file__);"
+        "print(hasattr(kernels, 'get_kernel')); print(ours.__file__)",
+        cwd=cwd,
+        env_path=path,
+    )
+    hf_file, has_api, ours = out.splitlines()
+    assert "site-packages" in hf_file and not hf_file.startswith(str(ROOT / "kernels")), hf_file
+    assert has_api == "True", "the imported `kernels` is not Hugging Face's (no get_kernel)"
+    assert ours.endswith(os.path.join("reference", "mxfp4.py")), ours
