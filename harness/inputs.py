@@ -5,9 +5,12 @@ bytes."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
+from mxmoe.harness.cases import Case
+from mxmoe.reference.activation import gate_up_rows
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK
 
@@ -70,3 +73,125 @@ def tie_free_logits(
     jitter = torch.rand(tokens, experts, generator=gen, device=device, dtype=torch.float64)
     spacing = 6.0 / max(experts - 1, 1)
     return (levels[order] + 0.25 * spacing * jitter).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """Everything one case feeds a backend, on one device. ``weights`` are this rank's shard of
+    the canonical MXFP4 weights, in the checkpoint's row layout (``case.layout``)."""
+
+    case: Case
+    x: torch.Tensor
+    """[T, H] bfloat16."""
+    router_logits: torch.Tensor
+    """[T, E] float32, every value exactly representable in bfloat16, tie-free per token."""
+    weights: MoEWeights
+    expert_map: torch.Tensor | None
+    """int32 [E] (global expert -> local index or -1) on EP ranks, else None."""
+    correction_bias: torch.Tensor | None
+    """float32 [E] for DeepSeekV3 / MiniMax2 with a correction bias, else None."""
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by name (for checksums and reproducers)."""
+        out = {"x": self.x, "router_logits": self.router_logits}
+        names = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias", "w2_bias")
+        out.update({n: getattr(self.weights, n) for n in names if getattr(self.weights, n) is not None})
+        if self.expert_map is not None:
+            out["expert_map"] = self.expert_map
+        if self.correction_bias is not None:
+            out["correction_bias"] = self.correction_bias
+        return out
+
+    @property
+    def routing_kwargs(self) -> dict[str, object]:
+        """The keyword arguments of ``reference.routing.route`` (and ``moe``) for this case."""
+        c = self.case
+        kw: dict[str, object] = {}
+        if c.n_group is not None:
+            kw.update(n_group=c.n_group, topk_group=c.topk_group)
+        if c.routing in ("DeepSeekV3", "MiniMax2"):
+            kw["routed_scaling_factor"] = c.routed_scaling_factor
+            if self.correction_bias is not None:
+                kw["correction_bias"] = self.correction_bias
+        return kw
+
+
+def _layer_weights(case: Case, device: str | torch.device) -> MoEWeights:
+    """The full layer's canonical weights (all experts, the whole intermediate dimension)."""
+    gen = generator_for(case.layer_key, device)
+    e, h, i = case.experts, case.hidden, case.intermediate
+    if case.inputs == "normal":
+        return random_mxfp4_weights(gen, e, h, i, bias=case.bias, w13_layout=case.layout, device=device)
+    w = random_mxfp4_weights(gen, e, h, i, bias=case.bias, w13_layout=case.layout, device=device)
+
+    def wide(scales: torch.Tensor) -> torch.Tensor:
+        # A base exponent per row over 2^-12..2^4 and a jitter of +-3 per block: every useful
+        # scale exponent appears, and blocks of one row differ in magnitude.
+        rows = scales.shape[:-1]
+        base = torch.randint(-12, 5, (*rows, 1), generator=gen, device=device, dtype=torch.int32)
+        jitter = torch.randint(-3, 4, scales.shape, generator=gen, device=device, dtype=torch.int32)
+        return (127 + base + jitter).to(torch.uint8)
+
+    return MoEWeights(
+        w.w13_blocks,
+        wide(w.w13_scales),
+        w.w2_blocks,
+        wide(w.w2_scales),
+        w.w13_bias,
+        w.w2_bias,
+        w.w13_layout,
+    )
+
+
+def _shard(case: Case, w: MoEWeights) -> MoEWeights:
+    """This rank's experts and intermediate slice; the w2 bias only on TP rank 0 (zeros elsewhere),
+    as a TP layer applies it once before the all-reduce."""
+    e0, e1 = case.local_experts
+    i0, i1 = case.intermediate_shard
+    rows = torch.cat([r[i0:i1] for r in gate_up_rows(2 * case.intermediate, case.layout)])
+    # gate rows then up rows of the slice, put back into the checkpoint's layout
+    keep = torch.sort(rows).values.to(w.w13_blocks.device)
+
+    def w13(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[e0:e1].index_select(1, keep)
+
+    b2 = None if w.w2_bias is None else w.w2_bias[e0:e1].clone()
+    if b2 is not None and case.tp_rank != 0:
+        b2.zero_()
+    return MoEWeights(
+        w13(w.w13_blocks),
+        w13(w.w13_scales),
+        w.w2_blocks[e0:e1, :, i0 // 2 : i1 // 2],
+        w.w2_scales[e0:e1, :, i0 // BLOCK : i1 // BLOCK],
+        w13(w.w13_bias),
+        b2,
+        w.w13_layout,
+    )
+
+
+def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
+    """The inputs of ``case`` on ``device``: a pure function of the case's id (the layer's weights of
+    its layer key, so every shard slices one layer)."""
+    weights = _shard(case, _layer_weights(case, device))
+    gen = generator_for(case.tokens_key, device)
+    t, h, e = case.tokens, case.hidden, case.experts
+    x = torch.randn(t, h, generator=gen, device=device)
+    if case.inputs == "wide":
+        x = x * torch.exp2(torch.randint(-8, 9, (t, 1), generator=gen, device=device).float())
+    x = x.to(torch.bfloat16)
+    logits = tie_free_logits(gen, t, e, device)
+    if case.skew == "hot":
+        hot = int(torch.randint(0, e, (1,), generator=gen, device=device))
+        logits[:, hot] += 4.0
+    elif case.skew == "sparse":
+        logits[:, 1::2] -= 8.0
+    logits = logits.to(torch.bfloat16).to(torch.float32)
+    bias = None
+    if case.correction_bias:
+        bias = (0.05 * torch.randn(e, generator=gen, device=device)).to(torch.bfloat16).to(torch.float32)
+    emap = None
+    if case.ep > 1:
+        e0, e1 = case.local_experts
+        emap = torch.full((e,), -1, dtype=torch.int32, device=device)
+        emap[e0:e1] = torch.arange(e1 - e0, dtype=torch.int32, device=device)
+    return CaseInputs(case, x, logits, weights, emap, bias)

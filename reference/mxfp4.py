@@ -209,6 +209,16 @@ def _shared_exponent(amax: torch.Tensor, rule: str, fmt: tuple[int, int, int, fl
     return torch.clamp(e, -E8M0_BIAS, E8M0_BIAS)
 
 
+def shared_exponent(amax: torch.Tensor, rule: str, element: str) -> torch.Tensor:
+    """The unbiased shared exponent (float64, in [-127, 127]) that ``rule`` gives a block whose
+    largest magnitude is ``amax``, for ``element`` ``e2m1`` (MXFP4) or ``e4m3`` (MXFP8)."""
+    _check_rule(rule)
+    fmts = {"e2m1": _E2M1, "e4m3": _E4M3}
+    if element not in fmts:
+        raise ValueError(f"element must be one of {', '.join(fmts)}; got {element!r}")
+    return _shared_exponent(amax.to(torch.float64), rule, fmts[element])
+
+
 def _quantize_blocks(x: torch.Tensor, rule: str, fmt: tuple[int, int, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared exponent and rounded element values (float64, not yet encoded) of each block."""
     _check_float("x", x)

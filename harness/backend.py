@@ -1,0 +1,161 @@
+"""The backend protocol: what a kernel under test declares, and the three calls the engine makes.
+
+A backend is one class (one module in ``kernels/`` for the project's own). Everything the engine
+needs to decide whether it applies, and how precise it must be, is DATA in its ``Declaration``;
+``supports`` is pure (no GPU, no environment, no vendor import), so that the set of collected
+tests is the same on every host. Vendor packages are imported in ``load`` only; an ImportError
+there becomes a SKIP that names the package. ``convert`` (weights into the backend's layout,
+once per case) is separate from ``run`` (the call that is compared, made twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from mxmoe.harness.cases import Case
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import ARCHS
+from mxmoe.reference.activation import ACTIVATIONS, LAYOUTS
+from mxmoe.reference.moe import Precision
+from mxmoe.reference.routing import ROUTING_METHODS
+
+QUANT_SCHEMES = ("w4a16", "w4a8-mxfp8", "w4a8-fp8")
+"""MXFP4 weights with bf16 activations; with MXFP8 activations; with per-tensor FP8 activations."""
+ACCUMULATORS = {"fp32": 2.0**-24, "fp64": 2.0**-53}
+"""GEMM accumulator formats and their unit roundoff."""
+KINDS = ("backend", "instrument")
+"""``backend``: a kernel people ship (checked by default); ``instrument``: a variant that exists to
+test the harness itself (honest variants, faulty mutants), run only when asked for."""
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """How a backend computes, as the error bound needs it (see ``harness.bounds``).
+
+    ``precision`` names the points where it rounds (reference.moe.Precision); the activation input
+    is emulated exactly by the oracle (a deterministic function of the same input), every other
+    point is an error source of the bound.
+    """
+
+    precision: Precision = Precision(intermediate="bf16", output=torch.bfloat16)
+    accumulate: str = "fp32"
+    """Format of GEMM and combine accumulators."""
+    activation_ulps: float = 64.0
+    """Error of evaluating the activation (exp, sigmoid), in accumulator ulps of its magnitude."""
+    routing_ulps: float = 64.0
+    """Error of computing routing weights (softmax, sigmoid, sums), in accumulator ulps."""
+
+    def __post_init__(self) -> None:
+        if self.accumulate not in ACCUMULATORS:
+            raise ValueError(f"Arithmetic.accumulate must be one of {', '.join(ACCUMULATORS)}; got {self.accumulate!r}")
+        if not isinstance(self.precision, Precision):
+            raise ValueError(f"Arithmetic.precision must be a Precision, got {type(self.precision).__name__}")
+
+
+@dataclass(frozen=True)
+class XFail:
+    """A known upstream failure: cases matching ``when`` (Case field -> required value) are
+    expected to FAIL or ERROR; a PASS there is reported as an unexpected pass (strict)."""
+
+    when: dict[str, object]
+    reason: str
+    link: str
+
+    def matches(self, case: Case) -> bool:
+        """Whether ``case`` has every field value in ``when``."""
+        return all(getattr(case, k) == v for k, v in self.when.items())
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What a backend is and promises, as data."""
+
+    id: str
+    """Lower-case tokens joined by '-' (the first token of its test ids)."""
+    archs: tuple[str, ...]
+    description: str
+    quant: str = "w4a16"
+    activations: tuple[str, ...] = ACTIVATIONS
+    routing_methods: tuple[str, ...] = ROUTING_METHODS
+    w13_layout: str = "interleaved"
+    """Row layout of w13 after ``convert``."""
+    hidden_align: int = 32
+    """The hidden size is padded up to a multiple of this."""
+    intermediate_align: int = 32
+    """Each TP partition's intermediate size is padded up to a multiple of this."""
+    bias: bool = True
+    expert_parallel: bool = True
+    router_weight_on_input: bool = True
+    arithmetic: Arithmetic = Arithmetic()
+    deterministic: bool = True
+    """Whether two runs on the same inputs must agree bit for bit (False for atomics)."""
+    kind: str = "backend"
+    xfails: tuple[XFail, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        import re
+
+        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.id):
+            raise ValueError(f"Declaration.id must be lower-case tokens joined by '-', got {self.id!r}")
+        for name, values, accepted in (
+            ("archs", self.archs, ARCHS),
+            ("activations", self.activations, ACTIVATIONS),
+            ("routing_methods", self.routing_methods, ROUTING_METHODS),
+        ):
+            bad = [v for v in values if v not in accepted]
+            if bad or not values:
+                raise ValueError(
+                    f"Declaration.{name} must be a non-empty subset of {', '.join(accepted)}; got {values}"
+                )
+        if self.quant not in QUANT_SCHEMES:
+            raise ValueError(f"Declaration.quant must be one of {', '.join(QUANT_SCHEMES)}; got {self.quant!r}")
+        if self.w13_layout not in LAYOUTS:
+            raise ValueError(f"Declaration.w13_layout must be one of {', '.join(LAYOUTS)}; got {self.w13_layout!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Declaration.kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+
+
+class BackendUnavailable(Exception):
+    """Raised by ``load`` when the backend cannot run on this host (missing package, unsupported
+    device); the engine turns it into a SKIP with this message."""
+
+
+class Backend:
+    """Base class of every backend. Subclasses set ``declaration`` and implement ``convert`` and
+    ``run``; they may narrow ``supports`` and override ``load``."""
+
+    declaration: ClassVar[Declaration]
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        """None if this backend applies to ``case`` on ``arch``, else the reason it does not.
+        Pure: decided from the declaration and the case alone."""
+        d = self.declaration
+        if arch not in d.archs:
+            return f"{d.id} does not run on {arch} (declared: {', '.join(d.archs)})"
+        if case.activation not in d.activations:
+            return f"{d.id} does not implement activation {case.activation}"
+        if case.routing not in d.routing_methods:
+            return f"{d.id} does not implement routing method {case.routing}"
+        if case.bias and not d.bias:
+            return f"{d.id} takes no biases"
+        if case.ep > 1 and not d.expert_parallel:
+            return f"{d.id} does not support expert parallelism"
+        if case.routing == "Llama4" and not d.router_weight_on_input:
+            return f"{d.id} cannot apply the router weight to the input (Llama4)"
+        return None
+
+    def load(self) -> None:
+        """Import vendor packages; raise BackendUnavailable (or let ImportError out) if absent."""
+
+    def convert(self, inputs: CaseInputs) -> Any:
+        """The weights in this backend's layout (padded as declared). Must not modify ``inputs``."""
+        raise NotImplementedError
+
+    def run(self, prepared: Any, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """The layer: write [T, H] into ``out`` (allocated by the engine, poisoned with NaN, of the
+        declared output dtype). ``inputs.weights`` are the canonical weights; kernels use
+        ``prepared``."""
+        raise NotImplementedError

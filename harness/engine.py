@@ -1,0 +1,253 @@
+"""The differential engine: one backend, one case, one architecture in; one verdict out.
+
+``run_case`` guards every call the way a kernel author needs to trust the verdict: the output
+buffer is poisoned with NaN first (an unwritten element shows), every input is checksummed
+before and after (a kernel that writes into its inputs is caught), the compared call runs twice
+and the runs are compared bit for bit (non-determinism is reported apart from wrongness), an
+exception becomes ERROR with its traceback, and the numbers are judged against the per-element
+bound of ``harness.bounds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from mxmoe.harness.backend import Backend, BackendUnavailable
+from mxmoe.harness.bounds import reference_and_bound
+from mxmoe.harness.cases import Case
+from mxmoe.harness.inputs import CaseInputs, make_inputs
+from mxmoe.harness.platforms import check_arch, device_for, host_arch
+
+OUTCOMES = ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")
+
+
+def test_id(backend_id: str, arch: str, case: Case) -> str:
+    """``backend-arch-case`` (STYLE.md): what pytest shows and ``-k`` selects."""
+    return f"{backend_id}-{arch}-{case.id}"
+
+
+@dataclass
+class Metrics:
+    """How the output compares with the oracle. Ratios are |got - ref| / bound per element."""
+
+    elements: int = 0
+    worst_ratio: float = 0.0
+    worst_index: tuple[int, int] | None = None
+    worst_got: float | None = None
+    worst_ref: float | None = None
+    worst_bound: float | None = None
+    over_bound: int = 0
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    """max |got - ref| / max |ref| (the triton_kernels normalisation)."""
+    rms_rel_err: float = 0.0
+    """sqrt(mean (got - ref)^2) / sqrt(mean ref^2)."""
+    cosine: float = 1.0
+    nonfinite: int = 0
+    """Elements that are NaN or infinite where the oracle is finite (unwritten ones included)."""
+    unwritten: int = 0
+    """Elements still holding the NaN poison (a subset of nonfinite, unless the kernel makes NaN)."""
+    nondeterministic: int = 0
+    """Elements that differ between the two runs."""
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data for the results file."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Result:
+    """The verdict on one (backend, arch, case)."""
+
+    test_id: str
+    backend: str
+    arch: str
+    case: Case
+    outcome: str
+    reason: str = ""
+    metrics: Metrics = field(default_factory=Metrics)
+    traceback: str = ""
+    seconds: float = 0.0
+    findings: list[str] = field(default_factory=list)
+    """Observations that are not failures by themselves (declared non-determinism, for one)."""
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """SHA-256 of each tensor's bytes (on the CPU), to prove inputs were not modified."""
+    out = {}
+    for name, t in tensors.items():
+        data = t.detach().contiguous().cpu()
+        out[name] = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
+    return out
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_differences(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two same-dtype tensors differ in any bit (NaN payloads included)."""
+    it = _SAME_SIZE_INT[a.element_size()]
+    return int((a.view(it) != b.view(it)).sum())
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, poison_left: torch.Tensor) -> Metrics:
+    """Metrics of ``got`` against ``ref`` under ``bound`` (float64 [T, H] each; ``poison_left``
+    marks elements the backend never wrote)."""
+    g = got.to(torch.float64)
+    m = Metrics(elements=g.numel())
+    if g.numel() == 0:
+        return m
+    finite_ref = torch.isfinite(ref)
+    bad = finite_ref & ~torch.isfinite(g)
+    m.nonfinite = int(bad.sum())
+    m.unwritten = int((poison_left & finite_ref).sum())
+    err = torch.where(bad, torch.full_like(g, math.inf), (g - ref).abs())
+    err = torch.where(finite_ref, err, torch.zeros_like(err))
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf)))
+    row, col = divmod(flat, g.shape[1])
+    m.worst_ratio = float(ratio.reshape(-1)[flat])
+    m.worst_index = (row, col)
+    m.worst_got, m.worst_ref, m.worst_bound = float(g[row, col]), float(ref[row, col]), float(bound[row, col])
+    m.over_bound = int((ratio > 1).sum())
+    finite_err = err[torch.isfinite(err)]
+    m.max_abs_err = float(err.max())
+    scale = float(ref[finite_ref].abs().max()) if bool(finite_ref.any()) else 0.0
+    m.max_rel_err = m.max_abs_err / scale if scale > 0 else (0.0 if m.max_abs_err == 0 else math.inf)
+    if finite_err.numel() == err.numel():
+        ref_rms = float(ref.pow(2).mean().sqrt())
+        err_rms = float(err.pow(2).mean().sqrt())
+        m.rms_rel_err = err_rms / ref_rms if ref_rms > 0 else (0.0 if err_rms == 0 else math.inf)
+        num = float((g * ref).sum())
+        den = float(g.norm() * ref.norm())
+        m.cosine = num / den if den > 0 else (1.0 if float(g.norm()) == float(ref.norm()) else 0.0)
+    else:
+        m.rms_rel_err, m.cosine = math.inf, math.nan
+    return m
+
+
+def failure_message(result: Result, replay: str | None = None) -> str:
+    """A torch.testing.assert_close-style report, ending with the one-line replay command."""
+    m = result.metrics
+    lines = [f"{result.test_id}: {result.reason}"]
+    if m.elements:
+        pct = 100.0 * m.over_bound / m.elements
+        lines.append(f"Mismatched elements: {m.over_bound} / {m.elements} ({pct:.1f}%) exceed the error bound")
+        if m.worst_index is not None:
+            lines.append(
+                f"Greatest error/bound: {m.worst_ratio:.3g} at index {m.worst_index}: got {m.worst_got:.6g}, "
+                f"ref {m.worst_ref:.6g}, |diff| {abs((m.worst_got or 0) - (m.worst_ref or 0)):.3g} "
+                f"(up to {m.worst_bound:.3g} allowed)"
+            )
+        lines.append(
+            f"Max abs diff {m.max_abs_err:.3g}, max rel diff {m.max_rel_err:.3g}, RMS rel {m.rms_rel_err:.3g}, "
+            f"cosine {m.cosine:.8f}, non-finite {m.nonfinite}, unwritten {m.unwritten}"
+        )
+    if result.traceback:
+        lines.append(result.traceback.rstrip())
+    if replay:
+        lines.append(f"Replay: {replay}")
+    return "\n".join(lines)
+
+
+def _verdict(backend: Backend, result: Result) -> None:
+    """Set outcome and reason from the metrics (and the declaration's strict xfails)."""
+    m = result.metrics
+    d = backend.declaration
+    problems = []
+    if m.unwritten:
+        problems.append(f"{m.unwritten} output elements never written")
+    if m.nonfinite > m.unwritten:
+        problems.append(f"{m.nonfinite - m.unwritten} non-finite output elements where the oracle is finite")
+    if m.over_bound:
+        problems.append(f"{m.over_bound} of {m.elements} elements exceed the error bound (worst {m.worst_ratio:.3g}x)")
+    if m.nondeterministic:
+        text = f"{m.nondeterministic} elements differ between two runs on the same inputs"
+        if d.deterministic:
+            problems.append(text + " (declared deterministic)")
+        else:
+            result.findings.append(text + " (declared non-deterministic)")
+    if result.outcome not in ("ERROR",):
+        result.outcome = "FAIL" if problems else "PASS"
+        result.reason = "; ".join(problems) if problems else f"worst error/bound {m.worst_ratio:.3g}"
+    for xf in d.xfails:
+        if xf.matches(result.case):
+            if result.outcome in ("FAIL", "ERROR"):
+                result.outcome, result.reason = "XFAIL", f"{xf.reason} ({xf.link}): {result.reason}"
+            else:
+                result.outcome, result.reason = "FAIL", f"unexpected pass of a strict xfail: {xf.reason} ({xf.link})"
+
+
+def run_case(
+    backend: Backend,
+    case: Case,
+    arch: str,
+    *,
+    inputs: CaseInputs | None = None,
+) -> tuple[Result, CaseInputs | None]:
+    """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
+    it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
+    before they were made."""
+    check_arch(arch)
+    d = backend.declaration
+    result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
+    start = time.perf_counter()
+    try:
+        reason = backend.supports(case, arch)
+        if reason:
+            result.reason = reason
+            return result, None
+        if arch != host_arch():
+            result.reason = f"needs {arch} hardware; this host is {host_arch()}"
+            return result, None
+        try:
+            backend.load()
+        except (ImportError, BackendUnavailable) as exc:
+            result.reason = f"{d.id} cannot run here: {exc}"
+            return result, None
+        inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
+        bounded = reference_and_bound(inputs, d.arithmetic)
+        before = checksum(inputs.tensors())
+        out_dtype = d.arithmetic.precision.output
+        shape = (case.tokens, case.hidden)
+        try:
+            prepared = backend.convert(inputs)
+            runs = []
+            for _ in range(2):
+                out = torch.full(shape, math.nan, dtype=out_dtype, device=inputs.x.device)
+                backend.run(prepared, inputs, out)
+                if out.is_cuda:
+                    torch.cuda.synchronize(out.device)
+                runs.append(out)
+        except Exception:
+            result.outcome = "ERROR"
+            result.reason = "the backend raised"
+            result.traceback = traceback.format_exc()
+            _verdict(backend, result)
+            return result, inputs
+        after = checksum(inputs.tensors())
+        got = runs[0]
+        result.metrics = compare(got, bounded.ref, bounded.bound, torch.isnan(got))
+        result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
+        mutated = [n for n in before if before[n] != after[n]]
+        _verdict(backend, result)
+        if mutated and result.outcome != "XFAIL":
+            result.outcome = "FAIL"
+            result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
+                f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
+            )
+        return result, inputs
+    except Exception:
+        # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.
+        result.outcome = "ERROR"
+        result.reason = "the harness raised (not the backend)"
+        result.traceback = traceback.format_exc()
+        return result, inputs
+    finally:
+        result.seconds = time.perf_counter() - start

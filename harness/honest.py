@@ -1,0 +1,77 @@
+"""Honest variants: real low-precision implementations that differ from the oracle only the way
+production kernels legitimately do (accumulation order, split-K, where they round to bf16). The
+engine must never fail them; their worst error/bound ratio says how tight the bound is."""
+
+from __future__ import annotations
+
+import torch
+
+from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.platforms import ARCHS
+from mxmoe.kernels.emulation import TorchMoE
+from mxmoe.reference.moe import Precision
+
+_FUSED = Precision(intermediate="bf16", output=torch.bfloat16)
+"""A fused kernel: float32 accumulators, the intermediate stored in bf16, a bf16 output."""
+
+
+def _declare(id_: str, description: str, precision: Precision, layout: str = "interleaved") -> Declaration:
+    return Declaration(
+        id=id_,
+        archs=ARCHS,
+        description=description,
+        w13_layout=layout,
+        arithmetic=Arithmetic(precision=precision),
+        kind="instrument",
+    )
+
+
+class HonestFp32(TorchMoE):
+    """float32 GEMMs (BLAS order), bf16 intermediate and output: the typical fused kernel."""
+
+    declaration = _declare("honest-fp32", "fp32 GEMMs, bf16 intermediate and output", _FUSED)
+
+
+class HonestSplitK(TorchMoE):
+    """As HonestFp32, K summed in 4 float32 partial GEMMs (split-K), rows chunked [up; gate]."""
+
+    split_k = 4
+    declaration = _declare(
+        "honest-splitk", "4-way split-K fp32, bf16 intermediate and output", _FUSED, "chunked_up_gate"
+    )
+
+
+class HonestBf16Gemm(TorchMoE):
+    """bf16 GEMMs with fp32 accumulation and a bf16 result (an unfused kernel), pair-swapped rows."""
+
+    gemm = "bf16"
+    declaration = _declare(
+        "honest-unfused",
+        "bf16 GEMMs, bf16 GEMM1 output, intermediate, expert output and output",
+        Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", output=torch.bfloat16),
+        "pair_swapped",
+    )
+
+
+class HonestBf16Weights(TorchMoE):
+    """As HonestFp32 with the routing weights rounded to bf16, and declared so."""
+
+    declaration = _declare(
+        "honest-bf16weights",
+        "fp32 GEMMs, bf16 routing weights, intermediate and output",
+        Precision(intermediate="bf16", routing_weights="bf16", output=torch.bfloat16),
+        "chunked_gate_up",
+    )
+
+
+class HonestMxfp8(TorchMoE):
+    """MXFP8 activations and intermediate (the *_MXFP8 backends' arithmetic), fp32 GEMMs."""
+
+    declaration = _declare(
+        "honest-mxfp8",
+        "MXFP8 (FLOOR) activation input and intermediate, fp32 GEMMs, bf16 output",
+        Precision(activation_input="mxfp8", intermediate="mxfp8", output=torch.bfloat16),
+    )
+
+
+HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBf16Weights, HonestMxfp8)

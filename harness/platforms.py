@@ -1,0 +1,86 @@
+"""Architectures and the host: which hardware a test needs, which this host has, and the host's
+fingerprint that every result carries."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import socket
+from importlib import metadata
+
+import torch
+
+ARCHS = ("cpu", "sm80", "sm90", "sm100", "sm120", "gfx942", "gfx950", "gfx1250")
+"""Architecture tokens as they appear in test ids (``pytest -k gfx942``)."""
+
+VENDOR_PACKAGES = (
+    "torch",
+    "triton",
+    "pytorch-triton-rocm",
+    "flashinfer-python",
+    "amd-aiter",
+    "aiter",
+    "vllm",
+    "triton_kernels",
+    "safetensors",
+)
+
+
+def check_arch(arch: str) -> str:
+    """Raise ValueError unless ``arch`` is one of ARCHS."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}; got {arch!r}")
+    return arch
+
+
+@functools.lru_cache(maxsize=1)
+def host_arch() -> str:
+    """This host's architecture token: the first GPU's, or ``cpu`` when torch sees none."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    if getattr(torch.version, "hip", None):
+        return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]  # e.g. gfx942
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"sm{major}{minor}"  # sm90 for Hopper, sm100 for B200, sm86 for an A10
+
+
+def device_for(arch: str) -> str:
+    """The torch device a test of ``arch`` runs on."""
+    return "cpu" if arch == "cpu" else "cuda"
+
+
+@functools.lru_cache(maxsize=1)
+def host_fingerprint() -> dict[str, object]:
+    """What a result must say about where it ran: GPU, driver, library versions."""
+    versions = {}
+    for name in VENDOR_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    info: dict[str, object] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "arch": host_arch(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "packages": versions,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        try:
+            import subprocess
+
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = None
+    return info

@@ -1,0 +1,120 @@
+"""EMULATION: dequantize the MXFP4 weights and run plain GEMMs, as vLLM's emulation backend does.
+
+Runs wherever torch runs. It is also the template of the honest variants (``harness.honest``):
+a real low-precision implementation written with torch ops, whose arithmetic (GEMM dtype,
+accumulation order, rounding points) is set by class attributes and declared as data, so that
+the harness can be checked against kernels that differ from the oracle only the way real ones
+legitimately do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mxmoe.harness.backend import Arithmetic, Backend, Declaration
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import ARCHS
+from mxmoe.reference.activation import convert_layout, gated_activation
+from mxmoe.reference.moe import Precision, round_to
+from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
+from mxmoe.reference.routing import route
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Weights dequantized to the GEMM dtype (exact: every MXFP4 value is a bf16 value), w13 rows
+    in the declared layout."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    b13: torch.Tensor | None
+    b2: torch.Tensor | None
+
+
+class TorchMoE(Backend):
+    """A MoE layer in torch at low precision. ``gemm`` is the dtype the GEMMs read (fp32: float32
+    GEMMs; bf16: bf16 GEMMs with fp32 accumulation and a bf16 result); ``split_k`` > 1 sums K in
+    that many float32 partial products, last chunk first."""
+
+    gemm: str = "fp32"
+    split_k: int = 1
+
+    def convert(self, inputs: CaseInputs) -> Prepared:
+        """Dequantize (exact) and reorder w13 rows into the declared layout."""
+        w = inputs.weights
+        dt = _DTYPES[self.gemm]
+        layout = self.declaration.w13_layout
+        w13 = convert_layout(dequantize_mxfp4(w.w13_blocks, w.w13_scales), w.w13_layout, layout, dim=-2)
+        b13 = None if w.w13_bias is None else convert_layout(w.w13_bias, w.w13_layout, layout, dim=-1).float()
+        w2 = dequantize_mxfp4(w.w2_blocks, w.w2_scales)
+        return Prepared(w13.to(dt), w2.to(dt), b13, None if w.w2_bias is None else w.w2_bias.float())
+
+    def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """a @ w.T in the declared GEMM dtype, returned as float32."""
+        a = a.to(w.dtype)
+        if self.split_k <= 1:
+            return (a @ w.T).float()
+        parts = [(ac @ wc.T).float() for ac, wc in zip(a.chunk(self.split_k, dim=-1), w.chunk(self.split_k, dim=-1))]
+        total = parts[-1]
+        for part in reversed(parts[:-1]):
+            total = total + part
+        return total
+
+    def _round(self, t: torch.Tensor, point: str, p: Precision) -> torch.Tensor:
+        """Round a float32 tensor at a precision point, staying float32."""
+        if point in ("fp64", "fp32"):
+            return t
+        if point == "bf16":
+            return t.to(torch.bfloat16).float()
+        return fake_quantize(t, "mxfp8", p.mx_rule).float()
+
+    def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """Route, then per expert: GEMM1 + bias, activation, GEMM2 + bias; combine in float32."""
+        case = inputs.case
+        p = self.declaration.arithmetic.precision
+        routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
+        weights = round_to(routing.weights, p.routing_weights).float()
+        ids = routing.ids
+        if inputs.expert_map is not None:
+            ids = inputs.expert_map.to(ids.device, torch.int64)[ids]
+        on_input = case.routing == "Llama4"
+        x = inputs.x.float()
+        acc = torch.zeros(case.tokens, inputs.weights.hidden_size, dtype=torch.float32, device=x.device)
+        for e in range(prepared.w13.shape[0]):
+            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            we = weights[tok, slot].unsqueeze(1)
+            xe = x[tok] * we if on_input else x[tok]
+            xe = self._round(xe, p.activation_input, p)
+            h = self._gemm(xe, prepared.w13[e])
+            if prepared.b13 is not None:
+                h = h + prepared.b13[e]
+            h = self._round(h, p.gemm1_output, p)
+            a = gated_activation(h, case.activation, self.declaration.w13_layout, case.alpha, case.beta, case.limit)
+            a = self._round(a, p.intermediate, p)
+            y = self._gemm(a, prepared.w2[e])
+            if prepared.b2 is not None:
+                y = y + prepared.b2[e]
+            y = self._round(y, p.expert_output, p)
+            acc.index_add_(0, tok, y if on_input else y * we)
+        out.copy_(acc)
+
+
+class Emulation(TorchMoE):
+    """vLLM's EMULATION: bf16 GEMMs on dequantized weights, every GEMM result in bf16."""
+
+    gemm = "bf16"
+    declaration = Declaration(
+        id="emulation",
+        archs=ARCHS,
+        description="dequantize + bf16 GEMMs (fp32 accumulation), bf16 between every stage",
+        w13_layout="interleaved",
+        arithmetic=Arithmetic(
+            precision=Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", output=torch.bfloat16),
+        ),
+    )
