@@ -54,7 +54,7 @@ def _nightly() -> list[Case]:
     cases = []
     tokens = (0, 1, 2, 3, 5, 7, 8, 16, 31, 33, 64, 128)
     for m, t, inputs, skew, rep in itertools.product(
-        SMALL_MODELS, tokens, ("normal", "wide"), ("uniform", "hot", "sparse"), range(3)
+        SMALL_MODELS, tokens, ("normal", "wide"), ("uniform", "hot", "sparse"), range(4)
     ):
         cases.append(make_case(m, t, inputs=inputs, skew=skew, replica=rep))
     for m, routing, t, rep in itertools.product(("tiny", "small"), _OTHER_ROUTINGS, (1, 7, 33, 100), range(4)):
