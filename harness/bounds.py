@@ -7,10 +7,11 @@ quantity is carried with a bound ``E`` on |kernel value - exact value|, propagat
 through the same computation on absolute values (|X| |W|, not |X W|), with the second-order
 terms of the activation kept:
 
-* Accumulating n products (a GEMM row, bias included, or the k-way combine) in any order errs by
-  at most ``gamma(n) * sum |terms|``, ``gamma(n) = n u' / (1 - n u')`` with ``u' = u + 2^-53``
-  (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 3.5); erroneous inputs
-  add ``|W| E_in`` (the GEMM is linear).
+* Accumulating n products (a GEMM row, or the k-way combine) plus a bias in any order errs by at
+  most ``gamma(n + 2) * sum |terms|`` (one rounding per product, n - 1 per sum, one for the
+  bias), ``gamma(n) = n u' / (1 - n u')`` with ``u' = u + 2^-53`` (Higham, Accuracy and Stability
+  of Numerical Algorithms, 2nd ed., eq. 3.5); erroneous inputs add ``|W| E_in`` (the GEMM is
+  linear).
 * Rounding a value ``v`` (known to within ``E``) to a format errs by at most half an ulp of
   ``|v| + E`` in that format (``rounding_bound``); for MXFP8, half an E4M3 ulp at the largest
   scale the block's amax allows, or the saturation excess under FLOOR.
@@ -161,7 +162,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             e_x = torch.zeros_like(xe)
         a1 = w1.abs()
         h = xe @ w1.T + b1
-        e_h = e_x @ a1.T + _gamma(w1.shape[1] + 1, u) * ((xe.abs() + e_x) @ a1.T + b1.abs())
+        e_h = e_x @ a1.T + _gamma(w1.shape[1] + 2, u) * ((xe.abs() + e_x) @ a1.T + b1.abs())
         if p.gemm1_output != "fp64":
             e_h = e_h + rounding_bound(p.gemm1_output, h.abs(), e_h)
         g, up = split_gate_up(h, w.w13_layout)
@@ -184,7 +185,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             e_a = e_a + rounding_bound(p.intermediate, a.abs(), e_a, p.mx_rule)
         a2 = w2.abs()
         y = a @ w2.T + b2
-        e_y = e_a @ a2.T + _gamma(w2.shape[1] + 1, u) * ((a.abs() + e_a) @ a2.T + b2.abs())
+        e_y = e_a @ a2.T + _gamma(w2.shape[1] + 2, u) * ((a.abs() + e_a) @ a2.T + b2.abs())
         if p.expert_output != "fp64":
             e_y = e_y + rounding_bound(p.expert_output, y.abs(), e_y)
         if on_input:
@@ -194,7 +195,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             err[tok, slot] = we.abs() * e_y + ew * (y.abs() + e_y)
             mag[tok, slot] = (we.abs() + ew) * (y.abs() + e_y)
     out = val.sum(1)
-    bound = err.sum(1) + _gamma(k, u) * mag.sum(1)
+    bound = err.sum(1) + _gamma(k + 1, u) * mag.sum(1)
     point = _DTYPE_POINT[p.output]
     bound = bound + rounding_bound(point, out.abs(), bound)
     # The bound's own pass recomputes the layer: it must agree with the oracle, or the two code

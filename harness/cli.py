@@ -3,19 +3,28 @@
 * ``signoff``: the main job on this machine. Today it is the oracle's self-check on built-in
   cases; a non-zero exit means the oracle cannot be trusted here.
 * ``bench-reference``: times the reference layer at gpt-oss shapes next to a float64 matmul.
+* ``backends``: every backend (built-in, installed entry points, files) and whether it runs here.
+* ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
+  results folder with a reproducer for every FAIL and ERROR.
+* ``replay``: rerun one reproducer.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from mxmoe.harness.tables import format_table
+
+if TYPE_CHECKING:
+    from mxmoe.harness.registry import Loaded
 
 
 def _device(value: str) -> str:
@@ -95,9 +104,225 @@ def _cmd_bench_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A bad argument found after parsing (a --backend pattern that matches nothing): reported by
+    the subcommand's parser, as argparse reports its own errors."""
+
+
+def _arch(value: str) -> str:
+    """argparse type for --arch: one of the architecture tokens."""
+    from mxmoe.harness.platforms import ARCHS
+
+    if value not in ARCHS:
+        raise argparse.ArgumentTypeError(f"accepted values are {', '.join(ARCHS)}; got {value!r}")
+    return value
+
+
+def _backend_file(value: str) -> str:
+    """argparse type for --backend-file: ``path/to/file.py:ClassName`` naming an existing file (a
+    file that exists but fails to import is not an argument error: its cases become ERRORs)."""
+    path, _, cls = value.rpartition(":")
+    if not path.endswith(".py") or not cls.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected PATH.py:ClassName, got {value!r}")
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no such file {path!r} (in {value!r})")
+    return value
+
+
+def _positive(kind: type) -> Callable[[str], float]:
+    """argparse type for counts and seconds: zero workers or a zero timeout is a typo, not a plan."""
+
+    def parse(value: str) -> float:
+        try:
+            out = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {value!r}") from None
+        if out <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {value!r}")
+        return out
+
+    return parse
+
+
+def _discover(args: argparse.Namespace) -> list[Loaded]:
+    from mxmoe.harness.registry import discover
+
+    try:
+        return discover(tuple(args.backend_file))
+    except ValueError as exc:  # two backends with one id
+        raise UsageError(f"--backend-file: {exc}") from None
+
+
+def availability(loaded: Loaded, arch: str) -> str | None:
+    """None if the backend can run on ``arch`` on this host, else why not: its module did not
+    load, it does not declare ``arch``, this host is another arch, or its ``load`` fails."""
+    from mxmoe.harness.backend import BackendUnavailable
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.registry import BrokenBackend
+
+    backend = loaded.backend
+    d = backend.declaration
+    if isinstance(backend, BrokenBackend):
+        last = [line for line in backend.error.strip().splitlines() if line.strip()][-1:]
+        return f"failed to load {loaded.spec}: {last[0].strip() if last else 'unknown error'}"
+    if arch not in d.archs:
+        return f"{d.id} does not run on {arch} (declared: {', '.join(d.archs)})"
+    if arch != host_arch():
+        return f"needs {arch} hardware; this host is {host_arch()}"
+    try:
+        backend.load()
+    except (ImportError, BackendUnavailable) as exc:
+        return f"cannot run here: {exc}"
+    except Exception as exc:
+        return f"load() raised {type(exc).__name__}: {exc}"
+    return None
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from mxmoe.harness.platforms import ARCHS, host_arch
+    from mxmoe.harness.results import declaration_to_dict
+    from mxmoe.reference.activation import ACTIVATIONS
+    from mxmoe.reference.routing import ROUTING_METHODS
+
+    arch = args.arch or host_arch()
+    entries = []
+    for loaded in _discover(args):
+        why = availability(loaded, arch)
+        entries.append(
+            {
+                "spec": loaded.spec,
+                **declaration_to_dict(loaded.backend.declaration),
+                "arch": arch,
+                "runs_here": why is None,
+                "why_not": why or "",
+            }
+        )
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    rows = [
+        (
+            e["id"],
+            e["kind"],
+            "all" if tuple(e["archs"]) == ARCHS else ",".join(e["archs"]),
+            e["quant"],
+            "all" if tuple(e["activations"]) == ACTIVATIONS else ",".join(e["activations"]),
+            e["w13_layout"],
+            f"{len(e['routing_methods'])}/{len(ROUTING_METHODS)}",
+            f"H%{e['hidden_align']} I%{e['intermediate_align']}",
+            "yes" if e["runs_here"] else "no",
+            e["why_not"],
+        )
+        for e in entries
+    ]
+    print(f"backends on {arch} (this host: {host_arch()})\n")
+    headers = (
+        "id",
+        "kind",
+        "archs",
+        "quant",
+        "activations",
+        "w13 layout",
+        "routing",
+        "padding",
+        f"runs on {arch}",
+        "why not",
+    )
+    print(format_table(headers, rows))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from mxmoe.harness.engine import failure_message, test_id
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.registry import select
+    from mxmoe.harness.results import Recorder, replay_command
+    from mxmoe.harness.sweep import Progress, Sweep, worst_ratio
+    from mxmoe.harness.zoo import profile_cases
+
+    arch = args.arch or host_arch()
+    try:
+        backends = select(_discover(args), tuple(args.backend))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cases = profile_cases(args.profile)
+    pairs = [
+        (loaded, case)
+        for loaded in backends
+        for case in cases
+        if all(k in test_id(loaded.backend.declaration.id, arch, case) for k in args.k)
+    ]
+    if not pairs:
+        raise UsageError(
+            f"-k {' -k '.join(args.k)} selects none of the {len(backends) * len(cases)} test ids of "
+            f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
+        )
+    recorder = Recorder(args.results)
+    print(f"{_host_line('cpu' if host_arch() == 'cpu' else 'cuda')} | arch {arch}")
+    print(
+        f"check: {len(pairs)} tests ({len(backends)} backends x profile {args.profile}), {args.workers} worker(s), "
+        f"timeout {args.timeout:g} s per case; results in {recorder.path}\n",
+        flush=True,
+    )
+    progress = Progress(len(pairs))
+    sweep = Sweep(
+        recorder, workers=args.workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome)
+    )
+    try:
+        verdicts = sweep.run(pairs, arch)
+    finally:
+        progress.close()
+    rows = []
+    for loaded in backends:
+        mine = [v for v in verdicts if v.loaded is loaded]
+        if not mine:
+            continue
+        n = {o: sum(v.result.outcome == o for v in mine) for o in ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")}
+        rows.append(
+            (
+                loaded.backend.declaration.id,
+                *n.values(),
+                f"{worst_ratio(mine):.3g}",
+                f"{sum(v.result.seconds for v in mine):.1f}",
+            )
+        )
+    print()
+    print(format_table(("backend", "PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "worst err/bound", "seconds"), rows))
+    bad = [v for v in verdicts if v.result.outcome in ("FAIL", "ERROR")]
+    if bad:
+        print(f"\n{len(bad)} FAIL/ERROR:")
+        for v in sorted(bad, key=lambda v: v.result.test_id):
+            first = failure_message(v.result).splitlines()[0]
+            last = [line.strip() for line in v.result.traceback.splitlines() if line.strip()][-1:]
+            print(f"{v.result.outcome} {first}" + (f" ({last[0]})" if last else ""))
+            if v.repro is not None:
+                print(f"    replay: {replay_command(v.repro)}")
+    print(f"\nresults: {recorder.path}")
+    return 1 if bad else 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from mxmoe.harness.engine import failure_message, run_case
+    from mxmoe.harness.results import load_repro
+
+    try:
+        loaded, case, arch, inputs = load_repro(args.file)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"FILE: cannot read reproducer {args.file}: {type(exc).__name__}: {exc}") from None
+    recorded = json.loads(open(args.file, encoding="utf-8").read())
+    print(f"replaying {recorded['test_id']} (recorded {recorded['outcome']}: {recorded['reason']})")
+    result, _ = run_case(loaded.backend, case, arch, inputs=inputs)
+    if result.outcome == "PASS":
+        print(f"PASS {result.test_id}: {result.reason}")
+        return 0
+    print(f"{result.outcome} " + failure_message(result))
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     from mxmoe.harness.bench import MODEL_SHAPES
+    from mxmoe.harness.zoo import PROFILES
 
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +344,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-n", type=int, default=8192, help="size of the float64 matmul (default 8192)")
     p.add_argument("--json", help="also write the rows to this file")
     p.set_defaults(fn=_cmd_bench_reference)
+
+    file_help = "a backend class in a file, PATH.py:ClassName (repeatable)"
+    p = sub.add_parser("backends", help="list every backend and whether it can run on this host")
+    p.add_argument(
+        "--backend-file", action="append", default=[], type=_backend_file, metavar="PATH.py:Class", help=file_help
+    )
+    p.add_argument("--arch", type=_arch, help="the architecture to ask about (default: this host's)")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(fn=_cmd_backends, parser=p)
+
+    p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="shell glob on backend ids (repeatable; default: every backend of kind 'backend' and every file)",
+    )
+    p.add_argument(
+        "--backend-file", action="append", default=[], type=_backend_file, metavar="PATH.py:Class", help=file_help
+    )
+    p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument("--arch", type=_arch, help="architecture token of the test ids (default: this host's)")
+    p.add_argument(
+        "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"
+    )
+    p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
+    p.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default 1)")
+    p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")
+    p.set_defaults(fn=_cmd_check, parser=p)
+
+    p = sub.add_parser("replay", help="rerun a reproducer written by check (results/repro/<test id>.json)")
+    p.add_argument("file", metavar="FILE", help="the reproducer's .json file")
+    p.set_defaults(fn=_cmd_replay, parser=p)
     return parser
 
 
@@ -132,7 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [m for m in args.models if m not in MODEL_SHAPES]
         if unknown:
             parser.error(f"--models: unknown {', '.join(unknown)}; accepted values are {', '.join(MODEL_SHAPES)}")
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as exc:
+        args.parser.error(str(exc))  # exits with status 2, naming the subcommand
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""Recorded results and reproducers: what a sign-off report is built from, and what a kernel author
+reruns.
+
+* ``Recorder`` appends one JSON line per Result, as it happens, to ``results-<host>-<pid>.jsonl``
+  in a results folder: a crash loses nothing already decided, and parallel processes (pytest-xdist
+  workers, ``check`` workers, CI jobs whose folders are merged) each own their file, so lines never
+  interleave. ``read_results`` reads every file of a folder back.
+* ``save_repro`` writes, for a FAIL or ERROR, the case's exact input tensors (safetensors: plain
+  bytes, never pickle, so a reproducer from an untrusted CI artifact cannot run code) next to a
+  JSON file naming the case, the backend and the command that reruns it; ``load_repro`` rebuilds
+  everything ``run_case`` needs from them.
+
+Non-finite metrics (an infinite error ratio, a NaN cosine) are written as JSON ``Infinity`` and
+``NaN``, which Python's ``json`` reads back as floats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from mxmoe.harness.backend import Declaration
+from mxmoe.harness.cases import Case
+from mxmoe.harness.engine import Result
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import device_for, host_arch, host_fingerprint
+from mxmoe.harness.registry import Loaded, load_spec
+from mxmoe.reference.moe import MoEWeights
+
+SCHEMA = 1
+"""Version of the record and reproducer formats; a reader meeting another version must say so."""
+REPRO_DIR = "repro"
+_WEIGHT_NAMES = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias", "w2_bias")
+
+
+def _plain(value: object) -> object:
+    """JSON-ready form of a declaration field (dtypes by name, tuples as lists)."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+def declaration_to_dict(declaration: Declaration) -> dict[str, object]:
+    """A backend's declaration as plain data, precision points included, so that a report can show
+    what a backend promised next to what it did."""
+    out = _plain(declaration)
+    assert isinstance(out, dict)
+    return out
+
+
+def replay_command(json_path: Path) -> str:
+    """The one line that reruns a reproducer."""
+    return f"python -m harness replay {json_path}"
+
+
+class Recorder:
+    """Appends results to ``<directory>/results-<hostname>-<pid>.jsonl``, one line per result,
+    flushed and fsynced before ``record`` returns."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / f"results-{socket.gethostname()}-{os.getpid()}.jsonl"
+
+    def record(self, result: Result, loaded: Loaded, repro: str | Path | None = None) -> dict[str, object]:
+        """Write one result; ``loaded`` is the backend it came from (its spec says where from)."""
+        rec = {
+            "schema": SCHEMA,
+            "test_id": result.test_id,
+            "backend": result.backend,
+            "backend_spec": loaded.spec,
+            "arch": result.arch,
+            "outcome": result.outcome,
+            "reason": result.reason,
+            "findings": list(result.findings),
+            "case_id": result.case.id,
+            "case": result.case.to_dict(),
+            "metrics": result.metrics.to_dict(),
+            "traceback": result.traceback,
+            "seconds": result.seconds,
+            "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "host": host_fingerprint(),
+            "declaration": declaration_to_dict(loaded.backend.declaration),
+            "repro": None if repro is None else str(repro),
+        }
+        line = json.dumps(rec, default=_plain) + "\n"
+        # One write of one whole line to a file only this process appends to; fsync so that a
+        # crash of the machine right after still leaves the verdict on disk.
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        return rec
+
+
+def read_results(directory: str | Path) -> list[dict]:
+    """Every record of every ``results-*.jsonl`` in ``directory`` (files in name order, lines in
+    the order written). A truncated last line (a process killed mid-write) is skipped."""
+    out = []
+    for path in sorted(Path(directory).glob("results-*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    continue
+                out.append(json.loads(line))
+    return out
+
+
+def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backend_spec: str) -> Path:
+    """Write ``<directory>/repro/<test_id>.safetensors`` (every input tensor, on the CPU) and
+    ``<test_id>.json`` beside it; returns the JSON file's path."""
+    from safetensors.torch import save_file
+
+    folder = Path(directory).resolve() / REPRO_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors_path = folder / f"{result.test_id}.safetensors"
+    json_path = folder / f"{result.test_id}.json"
+    save_file({k: v.detach().cpu().contiguous() for k, v in inputs.tensors().items()}, str(tensors_path))
+    info = {
+        "schema": SCHEMA,
+        "test_id": result.test_id,
+        "backend": result.backend,
+        "backend_spec": backend_spec,
+        "arch": result.arch,
+        "case_id": result.case.id,
+        "case": result.case.to_dict(),
+        "w13_layout": inputs.weights.w13_layout,
+        "tensors": tensors_path.name,
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "metrics": result.metrics.to_dict(),
+        "traceback": result.traceback,
+        "replay": replay_command(json_path),
+    }
+    json_path.write_text(json.dumps(info, indent=1, default=_plain) + "\n", encoding="utf-8")
+    return json_path
+
+
+def load_repro(json_path: str | Path) -> tuple[Loaded, Case, str, CaseInputs]:
+    """The backend, case, architecture and exact inputs of a reproducer. Tensors go to the arch's
+    device when this host is that arch (else the CPU, and ``run_case`` will say it needs the
+    hardware)."""
+    from safetensors.torch import load_file
+
+    path = Path(json_path)
+    info = json.loads(path.read_text(encoding="utf-8"))
+    if info.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: reproducer schema {info.get('schema')!r}, this harness reads {SCHEMA}")
+    case = Case.from_dict(info["case"])
+    arch = info["arch"]
+    device = device_for(arch) if arch == host_arch() else "cpu"
+    t = load_file(str(path.parent / info["tensors"]), device=device)
+    weights = MoEWeights(*(t.get(n) for n in _WEIGHT_NAMES), w13_layout=info["w13_layout"])
+    inputs = CaseInputs(case, t["x"], t["router_logits"], weights, t.get("expert_map"), t.get("correction_bias"))
+    return load_spec(info["backend_spec"]), case, arch, inputs

@@ -1,0 +1,56 @@
+"""Backends that misbehave the way a sweep must survive, loaded by the tests with ``--backend-file``
+(a file, not a module of the package: that is how an outside backend arrives). Each behaves
+honestly except on the cases named, so the tests can show the sweep goes on after them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.platforms import ARCHS
+from mxmoe.kernels.emulation import TorchMoE
+from mxmoe.reference.moe import Precision
+
+_FUSED = Arithmetic(precision=Precision(intermediate="bf16", output=torch.bfloat16))
+
+
+def _declare(id_: str, description: str) -> Declaration:
+    return Declaration(id=id_, archs=ARCHS, description=description, arithmetic=_FUSED)
+
+
+class CrashFp32(TorchMoE):
+    """Exits its process at T=1 (as a CUDA illegal memory access ends it) and segfaults at T=7."""
+
+    declaration = _declare("crash-fp32", "os._exit(3) at T=1, SIGSEGV at T=7")
+
+    def run(self, prepared, inputs, out):
+        if inputs.case.tokens == 1:
+            os._exit(3)
+        if inputs.case.tokens == 7:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        super().run(prepared, inputs, out)
+
+
+class HangFp32(TorchMoE):
+    """Never returns at T=1 (a deadlocked kernel)."""
+
+    declaration = _declare("hang-fp32", "sleeps for ten minutes at T=1")
+
+    def run(self, prepared, inputs, out):
+        if inputs.case.tokens == 1:
+            time.sleep(600)
+        super().run(prepared, inputs, out)
+
+
+class WrongSignFp32(TorchMoE):
+    """Returns the layer's negation: every nonzero element is out of bounds."""
+
+    declaration = _declare("wrongsign-fp32", "negated output")
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        out.neg_()

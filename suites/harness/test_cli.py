@@ -1,0 +1,169 @@
+"""The command line as a user meets it: ``backends`` lists what can run here and why not; ``check``
+survives backends that exit, segfault, hang or fail to import, records every case and exits 1
+when anything failed; ``replay`` reproduces a recorded FAIL; bad arguments name what is accepted.
+
+The sweep with the faulty backends runs once for the module (worker restarts cost seconds) and
+each test reads its own part of the verdicts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mxmoe.harness.platforms import ARCHS, host_arch
+from mxmoe.harness.registry import BUILTIN, load_spec
+from mxmoe.harness.results import read_results
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+FAULTY = HERE / "faulty_backends.py"
+BROKEN = HERE / "broken_backend.py"
+CASES = ["tiny-interleaved-t0", "tiny-interleaved-t1", "tiny-interleaved-t7", "tiny-interleaved-t33"]
+"""What ``-k tiny-interleaved-t`` keeps of the pr profile, besides tiny-interleaved-t16-wide."""
+OTHER_ARCH = "sm90" if host_arch() != "sm90" else "sm100"
+
+
+def harness(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One check over emulation and four faulty backends on five small cases, two workers."""
+    results = tmp_path_factory.mktemp("results")
+    files = [f"{FAULTY}:CrashFp32", f"{FAULTY}:HangFp32", f"{FAULTY}:WrongSignFp32", f"{BROKEN}:SplitOutMoE"]
+    proc = harness(
+        "check",
+        *(a for f in files for a in ("--backend-file", f)),
+        *("-k", "tiny-interleaved-t", "--timeout", "5", "--workers", "2", "--results", str(results)),
+    )
+    records = {r["test_id"]: r for r in read_results(results)}
+    return proc, records, results
+
+
+def outcome(records, backend, case):
+    r = records[f"{backend}-{host_arch()}-{case}"]
+    return r["outcome"], r["reason"]
+
+
+def test_backends_table_lists_every_builtin_and_why_not(tmp_path):
+    proc = harness("backends", "--arch", OTHER_ARCH)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    for spec in BUILTIN:
+        assert load_spec(spec).backend.declaration.id in rows
+    assert f"needs {OTHER_ARCH} hardware; this host is {host_arch()}" in rows["emulation"]
+
+
+def test_backends_json_lists_files_too(tmp_path):
+    proc = harness("backends", "--json", "--arch", OTHER_ARCH, "--backend-file", f"{BROKEN}:SplitOutMoE")
+    assert proc.returncode == 0, proc.stderr
+    entries = {e["id"]: e for e in json.loads(proc.stdout)}
+    assert {load_spec(s).backend.declaration.id for s in BUILTIN} <= set(entries)
+    emu = entries["emulation"]
+    assert emu["runs_here"] is False and emu["why_not"] == f"needs {OTHER_ARCH} hardware; this host is {host_arch()}"
+    assert emu["archs"] == list(ARCHS) and emu["arithmetic"]["precision"]["gemm1_output"] == "bf16"
+    broken = entries["splitoutmoe"]
+    assert broken["runs_here"] is False and "NameError" in broken["why_not"]
+
+
+def test_backends_here_runs_the_emulation():
+    proc = harness("backends", "--json")
+    emu = next(e for e in json.loads(proc.stdout) if e["id"] == "emulation")
+    assert emu["runs_here"] is True and emu["why_not"] == "" and emu["arch"] == host_arch()
+
+
+def test_check_honest_backend_passes_and_records(tmp_path):
+    proc = harness("check", "--backend", "honest-fp32", "-k", "tiny-interleaved-t1", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = read_results(tmp_path)
+    ids = sorted(r["test_id"] for r in records)
+    assert ids == [
+        f"honest-fp32-{host_arch()}-tiny-interleaved-t1",
+        f"honest-fp32-{host_arch()}-tiny-interleaved-t16-wide",
+    ]
+    assert all(r["outcome"] == "PASS" and r["repro"] is None for r in records)
+    assert not (tmp_path / "repro").exists()
+    assert "honest-fp32  2     0     0" in proc.stdout  # the summary row: PASS FAIL ERROR
+
+
+def test_check_records_every_case_and_exits_1(sweep):
+    proc, records, _ = sweep
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(records) == 5 * 5
+    assert "25/25 done" in proc.stderr
+    for name in ("emulation", "crash-fp32", "hang-fp32", "wrongsign-fp32", "splitoutmoe"):
+        assert name in proc.stdout
+
+
+def test_a_backend_that_exits_is_one_error_and_the_sweep_goes_on(sweep):
+    _, records, _ = sweep
+    got, reason = outcome(records, "crash-fp32", "tiny-interleaved-t1")
+    assert got == "ERROR" and reason == "the backend's process crashed: exit code 3"
+    got, reason = outcome(records, "crash-fp32", "tiny-interleaved-t7")
+    assert got == "ERROR" and "crashed: killed by signal SIGSEGV" in reason
+    for case in ("tiny-interleaved-t0", "tiny-interleaved-t33", "tiny-interleaved-t16-wide"):
+        assert outcome(records, "crash-fp32", case)[0] == "PASS"
+    rec = records[f"crash-fp32-{host_arch()}-tiny-interleaved-t1"]
+    assert rec["repro"] and Path(rec["repro"]).is_file() and Path(rec["repro"]).with_suffix(".safetensors").is_file()
+
+
+def test_a_backend_that_hangs_is_a_timeout_and_the_sweep_goes_on(sweep):
+    _, records, _ = sweep
+    rec = records[f"hang-fp32-{host_arch()}-tiny-interleaved-t1"]
+    assert rec["outcome"] == "ERROR" and rec["reason"].startswith("timeout: no verdict within 5 s")
+    assert 5 <= rec["seconds"] < 60
+    for case in ("tiny-interleaved-t0", "tiny-interleaved-t7", "tiny-interleaved-t33"):
+        assert outcome(records, "hang-fp32", case)[0] == "PASS"
+
+
+def test_a_module_that_fails_to_import_errors_its_cases_only(sweep):
+    proc, records, _ = sweep
+    for case in CASES:
+        rec = records[f"splitoutmoe-{host_arch()}-{case}"]
+        assert rec["outcome"] == "ERROR"
+        assert "NameError: name 'MXFP4_DECLARATION' is not defined" in rec["traceback"]
+        assert outcome(records, "emulation", case)[0] == "PASS"
+    assert "NameError" in proc.stdout  # the summary names the cause
+
+
+def test_the_summary_lists_failures_with_replay_commands(sweep):
+    proc, records, results = sweep
+    bad = sorted(t for t, r in records.items() if r["outcome"] in ("FAIL", "ERROR"))
+    assert len(bad) == 2 + 1 + 4 + 5  # crash, hang, wrong sign (T=0 has no elements), broken
+    for t in bad:
+        assert f"python -m harness replay {results.resolve() / 'repro' / t}.json" in proc.stdout
+
+
+def test_replay_of_a_saved_fail_fails_again(sweep):
+    _, records, _ = sweep
+    rec = records[f"wrongsign-fp32-{host_arch()}-tiny-interleaved-t7"]
+    assert rec["outcome"] == "FAIL"
+    proc = harness("replay", rec["repro"])
+    assert proc.returncode == 1
+    assert f"FAIL wrongsign-fp32-{host_arch()}-tiny-interleaved-t7: {rec['reason']}" in proc.stdout
+    assert "Mismatched elements" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("check", "--arch", "sm91"), "argument --arch: accepted values are cpu, sm80"),
+        (("check", "--backend", "nope"), "--backend 'nope' matches no backend; available: emulation"),
+        (("check", "--backend", "emulation", "-k", "nomatch"), "-k nomatch selects none of"),
+        (("check", "--profile", "weekly"), "argument --profile: invalid choice: 'weekly' (choose from"),
+        (("check", "--workers", "0"), "argument --workers: expected a positive int"),
+        (("backends", "--backend-file", "missing.py:X"), "argument --backend-file: no such file"),
+    ],
+    ids=["arch", "backend", "k", "profile", "workers", "file"],
+)
+def test_bad_arguments_name_the_accepted_values(args, message):
+    proc = harness(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
