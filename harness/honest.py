@@ -15,9 +15,12 @@ _FUSED = Precision(intermediate="bf16", output=torch.bfloat16)
 """A fused kernel: float32 accumulators, the intermediate stored in bf16, a bf16 output."""
 
 
-def _declare(id_: str, description: str, precision: Precision, layout: str = "interleaved") -> Declaration:
+def _declare(
+    id_: str, description: str, precision: Precision, layout: str = "interleaved", quant: str = "w4a16"
+) -> Declaration:
     return Declaration(
         id=id_,
+        quant=quant,
         archs=ARCHS,
         description=description,
         w13_layout=layout,
@@ -71,6 +74,7 @@ class HonestMxfp8(TorchMoE):
         "honest-mxfp8",
         "MXFP8 (FLOOR) activation input and intermediate, fp32 GEMMs, bf16 output",
         Precision(activation_input="mxfp8", intermediate="mxfp8", output=torch.bfloat16),
+        quant="w4a8-mxfp8",
     )
 
 
