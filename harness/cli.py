@@ -1,7 +1,8 @@
 """``python -m harness`` (installed: ``mxmoe``): the harness's command line.
 
-* ``signoff``: the main job on this machine. Today it is the oracle's self-check on built-in
-  cases; a non-zero exit means the oracle cannot be trusted here.
+* ``signoff``: the main job on this machine: the oracle's self-check on built-in cases (a failure
+  there stops everything: the oracle cannot be trusted here), then ``check`` of the default
+  backends over the pr profile on this host's architecture.
 * ``bench-reference``: times the reference layer at gpt-oss shapes next to a float64 matmul.
 * ``backends``: every backend (built-in, installed entry points, files) and whether it runs here.
 * ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
@@ -73,7 +74,12 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     print(format_table(("check", "cases", "worst rel diff", "tolerance", "seconds", "verdict", "what"), rows))
     failed = [r.name for r in results if not r.passed]
     print(f"\n{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    if failed:
+        print("the oracle is not trustworthy on this machine: no backend is judged by it")
+        return 1
+    # Part 2: every default backend on this host's architecture, over the PR profile.
+    print("\ndifferential check of the default backends on this host (profile pr)\n", flush=True)
+    return main(["check", "--profile", "pr", "--results", args.results])
 
 
 def _cmd_bench_reference(args: argparse.Namespace) -> int:
@@ -327,8 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("signoff", help="the main job: the oracle's self-check on built-in cases")
-    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p = sub.add_parser(
+        "signoff", help="the main job: the oracle's self-check, then the default backends over the pr profile"
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="self-check device: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--results", default="results", help="results folder of the check (default results/)")
     p.set_defaults(fn=_cmd_signoff)
 
     p = sub.add_parser("bench-reference", help="time the reference layer at gpt-oss shapes vs a float64 matmul")
