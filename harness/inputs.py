@@ -5,6 +5,7 @@ bytes."""
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,7 @@ from mxmoe.harness.cases import Case
 from mxmoe.reference.activation import gate_up_rows
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK
+from mxmoe.reference.routing import topk_margin
 
 
 def seed_for(case_id: str) -> int:
@@ -63,16 +65,25 @@ def random_mxfp4_weights(
     )
 
 
+def logit_step(experts: int) -> float:
+    """Spacing of ``tie_free_logits``: a power of two near 6 / (E - 1), so E levels span about
+    [-3, 3] and every level is exactly a bfloat16 value (kernels that read bf16 logits see the
+    same ones)."""
+    return 2.0 ** min(0, math.ceil(math.log2(6.0 / max(experts - 1, 1))))
+
+
 def tie_free_logits(
     gen: torch.Generator, tokens: int, experts: int, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
-    """Router logits [T, E] in float32 whose values within each token are distinct: a random
-    permutation of evenly spaced levels plus a small jitter, so no selection is decided by a tie."""
-    levels = torch.linspace(-3.0, 3.0, experts, dtype=torch.float64, device=device)
+    """Router logits [T, E] in float32: per token a random permutation of E levels spaced by
+    ``logit_step(E)``, so distinct experts never tie and every value is exact in bfloat16."""
     order = torch.argsort(torch.rand(tokens, experts, generator=gen, device=device), dim=1)
-    jitter = torch.rand(tokens, experts, generator=gen, device=device, dtype=torch.float64)
-    spacing = 6.0 / max(experts - 1, 1)
-    return (levels[order] + 0.25 * spacing * jitter).to(torch.float32)
+    return ((order.to(torch.float32) - (experts - 1) / 2) * logit_step(experts)).to(torch.float32)
+
+
+MIN_ROUTING_MARGIN = 1e-3
+"""Smallest gap allowed between the k-th and the (k+1)-th selection score of a case (and between
+kept and dropped groups): a kernel computing routing in float32 cannot flip such a choice."""
 
 
 @dataclass(frozen=True)
@@ -169,11 +180,19 @@ def _shard(case: Case, w: MoEWeights) -> MoEWeights:
     )
 
 
-def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
-    """The inputs of ``case`` on ``device``: a pure function of the case's id (the layer's weights of
-    its layer key, so every shard slices one layer)."""
-    weights = _shard(case, _layer_weights(case, device))
-    gen = generator_for(case.tokens_key, device)
+def _selection_kwargs(case: Case, bias: torch.Tensor | None) -> dict[str, object]:
+    kw: dict[str, object] = {}
+    if case.n_group is not None:
+        kw.update(n_group=case.n_group, topk_group=case.topk_group)
+    if bias is not None and case.routing in ("DeepSeekV3", "MiniMax2"):
+        kw["correction_bias"] = bias
+    return kw
+
+
+def _tokens(
+    case: Case, gen: torch.Generator, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [T, H] bf16, router logits [T, E] (bf16-exact float32) and the correction bias."""
     t, h, e = case.tokens, case.hidden, case.experts
     x = torch.randn(t, h, generator=gen, device=device)
     if case.inputs == "wide":
@@ -181,17 +200,38 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
     x = x.to(torch.bfloat16)
     logits = tie_free_logits(gen, t, e, device)
     if case.skew == "hot":
+        # one expert is every token's clear first choice, one level above the rest
         hot = int(torch.randint(0, e, (1,), generator=gen, device=device))
-        logits[:, hot] += 4.0
+        logits[:, hot] = logits.amax(dim=1) + logit_step(e)
     elif case.skew == "sparse":
+        # the odd experts sink below every even one; ties among them cannot reach the top k
         logits[:, 1::2] -= 8.0
     logits = logits.to(torch.bfloat16).to(torch.float32)
     bias = None
     if case.correction_bias:
         bias = (0.05 * torch.randn(e, generator=gen, device=device)).to(torch.bfloat16).to(torch.float32)
+    return x, logits, bias
+
+
+def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
+    """The inputs of ``case`` on ``device``: a pure function of the case's id (the layer's weights of
+    its layer key, so every shard slices one layer)."""
+    weights = _shard(case, _layer_weights(case, device))
+    for attempt in range(64):
+        # Selection on sigmoid + bias can land arbitrarily close to a tie; a case then redraws its
+        # tokens from a seed derived from its id and the attempt number: still a function of the id.
+        key = case.tokens_key if attempt == 0 else f"{case.tokens_key}-redraw{attempt}"
+        x, logits, bias = _tokens(case, generator_for(key, device), device)
+        if case.tokens == 0:
+            break
+        margin = topk_margin(logits, case.top_k, case.routing, **_selection_kwargs(case, bias))
+        if float(margin.min()) >= MIN_ROUTING_MARGIN:
+            break
+    else:
+        raise AssertionError(f"no tie-free routing for {case.id} in 64 draws")
     emap = None
     if case.ep > 1:
         e0, e1 = case.local_experts
-        emap = torch.full((e,), -1, dtype=torch.int32, device=device)
+        emap = torch.full((case.experts,), -1, dtype=torch.int32, device=device)
         emap[e0:e1] = torch.arange(e1 - e0, dtype=torch.int32, device=device)
     return CaseInputs(case, x, logits, weights, emap, bias)

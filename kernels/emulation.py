@@ -48,10 +48,13 @@ class TorchMoE(Backend):
         w = inputs.weights
         dt = _DTYPES[self.gemm]
         layout = self.declaration.w13_layout
-        w13 = convert_layout(dequantize_mxfp4(w.w13_blocks, w.w13_scales), w.w13_layout, layout, dim=-2)
+        blocks = convert_layout(w.w13_blocks, w.w13_layout, layout, dim=-2)
+        scales = convert_layout(w.w13_scales, w.w13_layout, layout, dim=-2)
+        # One expert at a time: the float64 dequantization of all gpt-oss experts at once is 6 GB.
+        w13 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(blocks, scales)])
+        w2 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w2_blocks, w.w2_scales)])
         b13 = None if w.w13_bias is None else convert_layout(w.w13_bias, w.w13_layout, layout, dim=-1).float()
-        w2 = dequantize_mxfp4(w.w2_blocks, w.w2_scales)
-        return Prepared(w13.to(dt), w2.to(dt), b13, None if w.w2_bias is None else w.w2_bias.float())
+        return Prepared(w13, w2, b13, None if w.w2_bias is None else w.w2_bias.float())
 
     def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a @ w.T in the declared GEMM dtype, returned as float32."""

@@ -1,0 +1,181 @@
+"""The pytest plugin: suite-wide options, the Hypothesis profiles, and the differential test's
+parametrization over (backend, arch, case).
+
+Loaded by ``suites/conftest.py`` (``pytest_plugins = ["mxmoe.harness.pytest_plugin"]``). Options:
+
+* ``--backend PATTERN`` (repeatable): shell globs on backend ids; none = every backend of kind
+  ``backend`` plus every file-given one (``harness.registry.select``).
+* ``--backend-file PATH:Class`` (repeatable): a backend written outside the project.
+* ``--profile pr|nightly``: the case list (``harness.zoo``) and the Hypothesis profile.
+* ``--results DIR``: record every verdict there (``harness.results``), and a reproducer for every
+  FAIL and ERROR; without it nothing is written.
+
+Any test that requests ``differential`` is parametrized over every selected backend x every arch
+it declares x every case of the profile, with ids ``engine.test_id`` (``emulation-gfx942-tiny-
+interleaved-t7``). The set is the same on every host: whether this host has the arch is decided
+when the test runs (a SKIP with the engine's reason), never at collection.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from mxmoe.harness.cases import Case
+from mxmoe.harness.engine import Result, failure_message, run_case, test_id
+from mxmoe.harness.registry import Loaded, discover, select
+from mxmoe.harness.zoo import PROFILES, profile_cases
+
+for _name, _examples in (("pr", 25), ("nightly", 400)):
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        derandomize=True,  # a run's examples derive from the test's identity, never from the clock
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+_SELECTED = pytest.StashKey[list[Loaded]]()
+_RECORDER = pytest.StashKey[object]()
+
+
+@dataclass(frozen=True)
+class Differential:
+    """One differential test's parameter: the backend (and where it came from), the arch, the case."""
+
+    loaded: Loaded
+    arch: str
+    case: Case
+
+    @property
+    def test_id(self) -> str:
+        """``backend-arch-case``."""
+        return test_id(self.loaded.backend.declaration.id, self.arch, self.case)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mxmoe", "MXFP4 MoE differential harness")
+    group.addoption(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="backends to check: shell glob on the backend id (repeatable); default: every kind-'backend' "
+        "backend plus every --backend-file one",
+    )
+    group.addoption(
+        "--backend-file",
+        action="append",
+        default=[],
+        metavar="PATH:Class",
+        help="load a backend class from a Python file outside the project (repeatable)",
+    )
+    group.addoption(
+        "--profile",
+        default="pr",
+        choices=PROFILES,
+        help="test profile: pr (fast, what CI runs) or nightly (many more cases)",
+    )
+    group.addoption(
+        "--results",
+        default=None,
+        metavar="DIR",
+        help="record every differential verdict (one JSON-lines file per process) and a reproducer for every "
+        "FAIL/ERROR in DIR; default: record nothing",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile(config.getoption("--profile"))
+
+
+@pytest.fixture(scope="session")
+def profile(request: pytest.FixtureRequest) -> str:
+    """The active profile's name, for tests that size their own sweeps."""
+    return request.config.getoption("--profile")
+
+
+def selected_backends(config: pytest.Config) -> list[Loaded]:
+    """The backends this run checks (discovered once per process)."""
+    if _SELECTED not in config.stash:
+        try:
+            loaded = discover(tuple(config.getoption("--backend-file")))
+            config.stash[_SELECTED] = select(loaded, tuple(config.getoption("--backend")))
+        except ValueError as exc:  # a pattern matching nothing, or two backends with one id
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_SELECTED]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "differential" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    cases = profile_cases(config.getoption("--profile"))
+    params = [
+        Differential(item, arch, case)
+        for item in selected_backends(config)
+        for arch in item.backend.declaration.archs
+        for case in cases
+    ]
+    metafunc.parametrize("differential", params, ids=[p.test_id for p in params])
+
+
+def replay_pytest_command(request: pytest.FixtureRequest, differential: Differential) -> str:
+    """The pytest command that reruns exactly this test (a node id, not ``-k``: ``-k`` matches
+    substrings, and ``...-t1`` is a substring of ``...-t16-wide``)."""
+    config = request.config
+    path = request.node.path
+    try:
+        path = path.relative_to(config.rootpath)
+    except ValueError:
+        pass
+    node = f"{path.as_posix()}::{request.node.name}"
+    args = ["python", "-m", "pytest", node, "--backend", differential.loaded.backend.declaration.id]
+    if differential.loaded.spec.rpartition(":")[0].endswith(".py"):  # built-in and entry-point ones are found anyway
+        args += ["--backend-file", differential.loaded.spec]
+    profile = config.getoption("--profile")
+    if profile != "pr":
+        args += ["--profile", profile]
+    return shlex.join(args)
+
+
+def _recorder(config: pytest.Config, directory: str) -> object:
+    """This process's Recorder: one results file per process, so xdist workers never interleave."""
+    if _RECORDER not in config.stash:
+        from mxmoe.harness.results import Recorder
+
+        config.stash[_RECORDER] = Recorder(directory)
+    return config.stash[_RECORDER]
+
+
+def check_differential(differential: Differential, request: pytest.FixtureRequest) -> Result:
+    """Run one differential test: ``engine.run_case``, record the verdict (with ``--results``), write
+    a reproducer for FAIL/ERROR, then map the outcome to pytest (PASS returns the Result; SKIP,
+    XFAIL, FAIL and ERROR raise through pytest)."""
+    loaded = differential.loaded
+    result, inputs = run_case(loaded.backend, differential.case, differential.arch)
+    results_dir = request.config.getoption("--results")
+    replay = None
+    if results_dir:
+        from mxmoe.harness.results import replay_command, save_repro
+
+        repro = None
+        if result.outcome in ("FAIL", "ERROR") and inputs is not None:
+            repro = save_repro(results_dir, result, inputs, loaded.spec)
+            replay = replay_command(repro)
+        _recorder(request.config, results_dir).record(result, loaded, repro)
+    if replay is None:
+        replay = replay_pytest_command(request, differential)
+    if result.outcome == "SKIP":
+        pytest.skip(result.reason)
+    if result.outcome == "XFAIL":
+        pytest.xfail(result.reason)
+    if result.outcome in ("FAIL", "ERROR"):
+        pytest.fail(failure_message(result, replay), pytrace=False)
+    for finding in result.findings:
+        request.node.add_report_section("call", "finding", finding)
+    return result

@@ -1,0 +1,261 @@
+"""The engine's guards, each shown catching what it is for, with small faulty backends defined here;
+and the pytest plugin end to end (replay line, recorded results)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxmoe.harness.backend import XFail
+from mxmoe.harness.cases import make_case
+from mxmoe.harness.engine import failure_message, run_case
+from mxmoe.harness.honest import HonestFp32
+from mxmoe.kernels.emulation import Emulation
+
+CASE = make_case("tiny", 7)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _declare(ident: str, **changes: object):
+    return dataclasses.replace(Emulation.declaration, id=ident, kind="instrument", **changes)
+
+
+class UnwrittenRow(Emulation):
+    """Leaves the last output row unwritten (a tile that is never stored)."""
+
+    declaration = _declare("unwritten-row")
+
+    def run(self, prepared, inputs, out):
+        tmp = torch.empty_like(out)
+        super().run(prepared, inputs, tmp)
+        out[:-1].copy_(tmp[:-1])
+
+
+class WritesX(Emulation):
+    """Scales x in place after using it (a fused kernel that reuses its input buffer)."""
+
+    declaration = _declare("writes-x")
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        inputs.x.mul_(2)
+
+
+class Flaky(Emulation):
+    """The second call differs from the first in one element by one bf16 ulp (atomics)."""
+
+    declaration = _declare("flaky")
+    calls = 0
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        self.calls += 1
+        if self.calls % 2 == 0:
+            out.view(torch.int16)[0, 0] += 1
+
+
+class FlakyDeclared(Flaky):
+    declaration = _declare("flaky-declared", deterministic=False)
+
+
+class Raises(Emulation):
+    declaration = _declare("raises")
+
+    def run(self, prepared, inputs, out):
+        raise RuntimeError("illegal memory access in the test's kernel")
+
+
+class MakesNaN(Emulation):
+    declaration = _declare("makes-nan")
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        out[1, 3] = math.nan
+
+
+class MakesInf(Emulation):
+    declaration = _declare("makes-inf")
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        out[2, 5] = math.inf
+
+
+_XF = XFail(when={"model": "tiny"}, reason="known upstream bug", link="https://example.org/issue/1")
+
+
+class UnwrittenKnown(UnwrittenRow):
+    declaration = _declare("unwritten-known", xfails=(_XF,))
+
+
+class HonestKnown(Emulation):
+    declaration = _declare("honest-known", xfails=(_XF,))
+
+
+def test_unwritten_row_fails_with_its_count():
+    result, _ = run_case(UnwrittenRow(), CASE, "cpu")
+    assert result.outcome == "FAIL"
+    assert result.metrics.unwritten == CASE.hidden
+    assert f"{CASE.hidden} output elements never written" in result.reason
+
+
+def test_input_written_in_place_fails_naming_it():
+    result, _ = run_case(WritesX(), CASE, "cpu")
+    assert result.outcome == "FAIL"
+    assert result.reason.startswith("inputs modified by the backend: x")
+
+
+def test_nondeterminism_fails_a_backend_declared_deterministic():
+    result, _ = run_case(Flaky(), CASE, "cpu")
+    assert result.outcome == "FAIL"
+    assert result.metrics.nondeterministic == 1
+    assert "differ between two runs" in result.reason and "(declared deterministic)" in result.reason
+
+
+def test_declared_nondeterminism_passes_with_a_finding():
+    result, _ = run_case(FlakyDeclared(), CASE, "cpu")
+    assert result.outcome == "PASS", result.reason
+    assert result.findings == ["1 elements differ between two runs on the same inputs (declared non-deterministic)"]
+
+
+def test_exception_is_an_error_with_the_traceback():
+    result, _ = run_case(Raises(), CASE, "cpu")
+    assert result.outcome == "ERROR"
+    assert result.reason == "the backend raised"
+    assert "RuntimeError: illegal memory access in the test's kernel" in result.traceback
+    assert "in run" in result.traceback
+
+
+def test_nan_where_the_oracle_is_finite_fails():
+    result, _ = run_case(MakesNaN(), CASE, "cpu")
+    assert result.outcome == "FAIL"
+    # a NaN the kernel wrote carries no poison payload: non-finite, but not "unwritten"
+    assert (result.metrics.nonfinite, result.metrics.unwritten) == (1, 0)
+    assert "1 non-finite output elements where the oracle is finite" in result.reason
+
+
+def test_inf_where_the_oracle_is_finite_fails():
+    result, _ = run_case(MakesInf(), CASE, "cpu")
+    assert result.outcome == "FAIL"
+    assert (result.metrics.nonfinite, result.metrics.unwritten) == (1, 0)
+    assert "1 non-finite output elements where the oracle is finite" in result.reason
+    assert math.isinf(result.metrics.worst_ratio)
+
+
+def test_strict_xfail_turns_fail_into_xfail_and_pass_into_fail():
+    known, _ = run_case(UnwrittenKnown(), CASE, "cpu")
+    assert known.outcome == "XFAIL"
+    assert known.reason.startswith("known upstream bug (https://example.org/issue/1): ")
+    honest, _ = run_case(HonestKnown(), CASE, "cpu")
+    assert honest.outcome == "FAIL"
+    assert honest.reason.startswith("unexpected pass of a strict xfail")
+    other, _ = run_case(UnwrittenKnown(), make_case("small", 7), "cpu")
+    assert other.outcome == "FAIL"  # the xfail names tiny only
+
+
+class SwigluOnly(Emulation):
+    declaration = _declare("swiglu-only", activations=("swigluoai",), routing_methods=("Renormalize",), archs=("cpu",))
+
+
+@pytest.mark.parametrize(
+    "case, arch, reason",
+    [
+        (make_case("small", 8, activation="silu", limit=None), "cpu", "swiglu-only does not implement activation silu"),
+        (make_case("tiny", 8, routing="Default"), "cpu", "swiglu-only does not implement routing method Default"),
+        (CASE, "sm90", "swiglu-only does not run on sm90 (declared: cpu)"),
+    ],
+    ids=["activation", "routing", "arch"],
+)
+def test_unsupported_is_a_skip_with_the_reason(case, arch, reason):
+    result, inputs = run_case(SwigluOnly(), case, arch)
+    assert (result.outcome, result.reason, inputs) == ("SKIP", reason, None)
+
+
+def test_an_arch_this_host_lacks_is_a_skip():
+    result, _ = run_case(HonestFp32(), CASE, "gfx942")
+    assert (result.outcome, result.reason) == ("SKIP", "needs gfx942 hardware; this host is cpu")
+
+
+def test_failure_message_is_assert_close_style_and_ends_with_the_replay():
+    result, _ = run_case(UnwrittenRow(), CASE, "cpu")
+    lines = failure_message(result, "python -m harness replay r.json").splitlines()
+    assert lines[0].startswith("unwritten-row-cpu-tiny-interleaved-t7: 64 output elements never written")
+    assert lines[1] == "Mismatched elements: 64 / 448 (14.3%) exceed the error bound"
+    assert lines[2].startswith("Greatest error/bound: inf at index (6, ")
+    assert lines[3].startswith("Max abs diff inf, max rel diff inf, RMS rel inf, cosine nan")
+    assert lines[3].endswith("non-finite 64, unwritten 64")
+    assert lines[-1] == "Replay: python -m harness replay r.json"
+    error, _ = run_case(Raises(), CASE, "cpu")
+    text = failure_message(error, "X")
+    assert "Traceback (most recent call last)" in text and text.endswith("\nReplay: X")
+
+
+_FAULTY_FILE = """
+import dataclasses
+from mxmoe.kernels.emulation import Emulation
+
+class Negated(Emulation):
+    declaration = dataclasses.replace(Emulation.declaration, id="negated", archs=("cpu", "gfx942"))
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        out.neg_()
+"""
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_plugin_reports_a_fail_with_a_replay_that_reruns_just_it(tmp_path):
+    backend = tmp_path / "negated.py"
+    backend.write_text(_FAULTY_FILE)
+    spec = f"{backend}:Negated"
+    sel = ("--backend-file", spec, "--backend", "negated", "-k", "tiny-interleaved-t1")
+    run = _pytest("suites/engine/test_differential.py", *sel)
+    assert run.returncode == 1, run.stdout
+    # t1 and t16-wide of tiny on cpu fail; gfx942 ones skip here: the set is host-independent
+    assert "2 failed, 2 skipped" in run.stdout, run.stdout
+    replays = [ln.removeprefix("Replay: ") for ln in run.stdout.splitlines() if ln.startswith("Replay: ")]
+    assert len(replays) == 2, run.stdout
+    replay = next(r for r in replays if "t16" not in r)
+    assert replay == shlex.join(
+        [
+            "python",
+            "-m",
+            "pytest",
+            "suites/engine/test_differential.py::test_differential[negated-cpu-tiny-interleaved-t1]",
+            "--backend",
+            "negated",
+            "--backend-file",
+            str(backend.resolve()) + ":Negated",
+        ]
+    )
+    again = _pytest(*shlex.split(replay)[3:])
+    assert again.returncode == 1 and "1 failed in" in again.stdout, again.stdout
+
+
+def test_plugin_records_results_and_reproducers(tmp_path):
+    backend = tmp_path / "negated.py"
+    backend.write_text(_FAULTY_FILE)
+    results = tmp_path / "results"
+    sel = ("--backend-file", f"{backend}:Negated", "--backend", "negated", "--backend", "emulation")
+    run = _pytest("suites/engine/test_differential.py", *sel, "-k", "cpu-tiny-interleaved-t", "--results", str(results))
+    assert run.returncode == 1, run.stdout
+    from mxmoe.harness.results import read_results
+
+    records = read_results(results)
+    outcomes = {(r["backend"], r["outcome"]) for r in records}
+    # negated fails wherever T > 0 (T = 0 has nothing to negate); emulation passes everywhere
+    assert outcomes == {("negated", "FAIL"), ("negated", "PASS"), ("emulation", "PASS")}, outcomes
+    failing = [r for r in records if r["outcome"] == "FAIL"]
+    assert all(r["repro"] and Path(r["repro"]).is_file() for r in failing)
+    assert f"Replay: python -m harness replay {failing[0]['repro']}" in run.stdout
