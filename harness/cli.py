@@ -257,10 +257,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for loaded in backends
         for case in cases
         if all(k in test_id(loaded.backend.declaration.id, arch, case) for k in args.k)
+        and not any(x in test_id(loaded.backend.declaration.id, arch, case) for x in args.exclude)
     ]
     if not pairs:
         raise UsageError(
-            f"-k {' -k '.join(args.k)} selects none of the {len(backends) * len(cases)} test ids of "
+            f"-k {' -k '.join(args.k)} -x {' -x '.join(args.exclude)} selects none of the "
+            f"{len(backends) * len(cases)} test ids of "
             f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
         )
     recorder = Recorder(args.results)
@@ -378,6 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", type=_arch, help="architecture token of the test ids (default: this host's)")
     p.add_argument(
         "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"
+    )
+    p.add_argument(
+        "-x",
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="SUBSTRING",
+        help="drop test ids containing it (repeatable: any), e.g. -x gptoss -x dsv3 on a CPU",
     )
     p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
     p.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default 1)")

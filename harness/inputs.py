@@ -189,44 +189,46 @@ def _selection_kwargs(case: Case, bias: torch.Tensor | None) -> dict[str, object
     return kw
 
 
-def _tokens(
-    case: Case, gen: torch.Generator, device: str | torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """x [T, H] bf16, router logits [T, E] (bf16-exact float32) and the correction bias."""
-    t, h, e = case.tokens, case.hidden, case.experts
-    x = torch.randn(t, h, generator=gen, device=device)
-    if case.inputs == "wide":
-        x = x * torch.exp2(torch.randint(-8, 9, (t, 1), generator=gen, device=device).float())
-    x = x.to(torch.bfloat16)
-    logits = tie_free_logits(gen, t, e, device)
+def _logits(case: Case, gen: torch.Generator, rows: int, device: str | torch.device) -> torch.Tensor:
+    """Router logits [rows, E]: tie-free levels, then the case's skew, exact in bf16."""
+    e = case.experts
+    logits = tie_free_logits(gen, rows, e, device)
     if case.skew == "hot":
-        # one expert is every token's clear first choice, one level above the rest
-        hot = int(torch.randint(0, e, (1,), generator=gen, device=device))
+        # one expert is every token's clear first choice, one level above the rest; which one
+        # derives from the case, not from the row
+        hot = seed_for(case.tokens_key + "-hot") % e
         logits[:, hot] = logits.amax(dim=1) + logit_step(e)
     elif case.skew == "sparse":
         # the odd experts sink below every even one; ties among them cannot reach the top k
         logits[:, 1::2] -= 8.0
-    logits = logits.to(torch.bfloat16).to(torch.float32)
-    bias = None
-    if case.correction_bias:
-        bias = (0.05 * torch.randn(e, generator=gen, device=device)).to(torch.bfloat16).to(torch.float32)
-    return x, logits, bias
+    return logits.to(torch.bfloat16).to(torch.float32)
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
     """The inputs of ``case`` on ``device``: a pure function of the case's id (the layer's weights of
     its layer key, so every shard slices one layer)."""
     weights = _shard(case, _layer_weights(case, device))
-    for attempt in range(64):
-        # Selection on sigmoid + bias can land arbitrarily close to a tie; a case then redraws its
-        # tokens from a seed derived from its id and the attempt number: still a function of the id.
-        key = case.tokens_key if attempt == 0 else f"{case.tokens_key}-redraw{attempt}"
-        x, logits, bias = _tokens(case, generator_for(key, device), device)
-        if case.tokens == 0:
-            break
+    gen = generator_for(case.tokens_key, device)
+    x = torch.randn(case.tokens, case.hidden, generator=gen, device=device)
+    if case.inputs == "wide":
+        x = x * torch.exp2(torch.randint(-8, 9, (case.tokens, 1), generator=gen, device=device).float())
+    x = x.to(torch.bfloat16)
+    logits = _logits(case, gen, case.tokens, device)
+    bias = None
+    if case.correction_bias:
+        bias = (0.05 * torch.randn(case.experts, generator=gen, device=device)).to(torch.bfloat16).to(torch.float32)
+    # Selection on sigmoid + bias can land arbitrarily close to a tie; such a token redraws its
+    # logits from a seed derived from the case id, the token and the attempt: still a function of
+    # the id, and independent of the other tokens.
+    for attempt in range(1, 65):
         margin = topk_margin(logits, case.top_k, case.routing, **_selection_kwargs(case, bias))
-        if float(margin.min()) >= MIN_ROUTING_MARGIN:
+        bad = torch.nonzero(margin < MIN_ROUTING_MARGIN).flatten().tolist()
+        if not bad:
             break
+        for t in bad:
+            logits[t] = _logits(case, generator_for(f"{case.tokens_key}-token{t}-redraw{attempt}", device), 1, device)[
+                0
+            ]
     else:
         raise AssertionError(f"no tie-free routing for {case.id} in 64 draws")
     emap = None
