@@ -7,34 +7,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from mxmoe.harness.cases import MODELS, Model
 from mxmoe.harness.inputs import generator_for, random_mxfp4_weights, tie_free_logits
 from mxmoe.reference.moe import dequantize_weights, moe
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    """One MoE layer's shape."""
-
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    intermediate: int
-
-    def gemm_flops(self, tokens: int) -> int:
-        """FLOPs of the two expert GEMMs over ``tokens`` tokens (2 per multiply-add)."""
-        per_slot = 2 * (2 * self.intermediate * self.hidden + self.hidden * self.intermediate)
-        return tokens * self.top_k * per_slot
+MODEL_SHAPES = {name: MODELS[name] for name in ("gptoss20b", "gptoss120b")}
+"""The production shapes the benchmark times (from the case zoo)."""
 
 
-MODEL_SHAPES = {
-    "gptoss20b": ModelShape("gptoss20b", 32, 4, 2880, 2880),
-    "gptoss120b": ModelShape("gptoss120b", 128, 4, 2880, 2880),
-}
+def gemm_flops(model: Model, tokens: int) -> int:
+    """FLOPs of the two expert GEMMs of ``model`` over ``tokens`` tokens (2 per multiply-add)."""
+    per_slot = 2 * (2 * model.intermediate * model.hidden + model.hidden * model.intermediate)
+    return tokens * model.top_k * per_slot
 
 
 def _timed(fn: Callable[[], object], device: str, repeats: int) -> float:
@@ -74,7 +61,7 @@ def bench_reference(
         for t in tokens:
             x = torch.randn(t, shape.hidden, generator=gen, device=device).to(torch.bfloat16)
             logits = tie_free_logits(gen, t, shape.experts, device)
-            flops = shape.gemm_flops(t)
+            flops = gemm_flops(shape, t)
             row: dict[str, object] = {"model": name, "tokens": t, "matmul_tflops": rate / 1e12}
             # "packed": dequantization included, as for a one-off check; "prepared": weights
             # dequantized once (dequantize_weights) and shared by every case on that layer.
