@@ -48,7 +48,7 @@ import torch
 from mxmoe.harness.backend import ACCUMULATORS, Arithmetic
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.reference.activation import split_gate_up
-from mxmoe.reference.moe import Precision, moe, round_to
+from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4, shared_exponent
 from mxmoe.reference.routing import route
 
@@ -130,21 +130,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     w = inputs.weights
     on_input = case.routing == "Llama4"
     kw = inputs.routing_kwargs
-    ref = moe(
-        inputs.x,
-        inputs.router_logits,
-        w,
-        top_k=case.top_k,
-        routing_method=case.routing,
-        activation=case.activation,
-        alpha=case.alpha,
-        beta=case.beta,
-        limit=case.limit,
-        router_weight_on_input=on_input,
-        expert_map=inputs.expert_map,
-        precision=oracle_precision(arithmetic),
-        **kw,
-    )
+    ref = inputs.reference(oracle_precision(arithmetic))
     routing = route(inputs.router_logits, case.top_k, case.routing, **kw)
     t, k, hidden = case.tokens, case.top_k, w.hidden_size
     dev = inputs.x.device

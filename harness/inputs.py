@@ -12,7 +12,7 @@ import torch
 
 from mxmoe.harness.cases import Case
 from mxmoe.reference.activation import gate_up_rows
-from mxmoe.reference.moe import MoEWeights
+from mxmoe.reference.moe import EXACT, MoEWeights, Precision, moe
 from mxmoe.reference.mxfp4 import BLOCK
 from mxmoe.reference.routing import topk_margin
 
@@ -125,6 +125,26 @@ class CaseInputs:
             if self.correction_bias is not None:
                 kw["correction_bias"] = self.correction_bias
         return kw
+
+
+    def reference(self, precision: Precision = EXACT) -> torch.Tensor:
+        """The oracle's output for these inputs (float64 unless ``precision.output`` says else)."""
+        c = self.case
+        return moe(
+            self.x,
+            self.router_logits,
+            self.weights,
+            top_k=c.top_k,
+            routing_method=c.routing,
+            activation=c.activation,
+            alpha=c.alpha,
+            beta=c.beta,
+            limit=c.limit,
+            router_weight_on_input=c.routing == "Llama4",
+            expert_map=self.expert_map,
+            precision=precision,
+            **self.routing_kwargs,
+        )
 
 
 def _layer_weights(case: Case, device: str | torch.device) -> MoEWeights:

@@ -23,7 +23,7 @@ from mxmoe.harness.honest import HONEST, HonestFp32
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.zoo import SMALL_MODELS, profile_cases
 from mxmoe.kernels.emulation import Emulation, Prepared
-from mxmoe.reference.moe import Precision, moe
+from mxmoe.reference.moe import Precision
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
 from mxmoe.reference.routing import route
 
@@ -172,22 +172,7 @@ class Oracle(Backend):
         return None
 
     def run(self, prepared: None, inputs: CaseInputs, out: torch.Tensor) -> None:
-        c = inputs.case
-        got = moe(
-            inputs.x,
-            inputs.router_logits,
-            inputs.weights,
-            top_k=c.top_k,
-            routing_method=c.routing,
-            activation=c.activation,
-            alpha=c.alpha,
-            beta=c.beta,
-            limit=c.limit,
-            router_weight_on_input=c.routing == "Llama4",
-            expert_map=inputs.expert_map,
-            precision=Precision(output=out.dtype),
-            **inputs.routing_kwargs,
-        )
+        got = inputs.reference(Precision(output=out.dtype))
         out.copy_(got)
 
 
