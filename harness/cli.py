@@ -261,7 +261,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     ]
     if not pairs:
         raise UsageError(
-            f"-k {' -k '.join(args.k)} -x {' -x '.join(args.exclude)} selects none of the "
+            " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)])
+            + " selects none of the "
             f"{len(backends) * len(cases)} test ids of "
             f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
         )
