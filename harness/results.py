@@ -17,6 +17,7 @@ Non-finite metrics (an infinite error ratio, a NaN cosine) are written as JSON `
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from dataclasses import fields
@@ -61,8 +62,34 @@ def declaration_to_dict(declaration: Declaration) -> dict[str, object]:
 
 
 def replay_command(json_path: Path) -> str:
-    """The one line that reruns a reproducer."""
-    return f"python -m harness replay {json_path}"
+    """The one line that reruns a reproducer: ``python -m harness`` in a checkout (the package's
+    path then reaches the repository root), ``python -m mxmoe`` for an installed copy."""
+    import mxmoe
+
+    checkout = any(Path(p, "harness").is_dir() and Path(p, "pyproject.toml").is_file() for p in mxmoe.__path__)
+    return f"python -m {'harness' if checkout else 'mxmoe'} replay {json_path}"
+
+
+def _finite_json(value: object) -> object:
+    """Non-finite floats as the strings "inf", "-inf" and "nan": records stay strict JSON (a
+    report's JSON parser in another language must read them); ``read_results`` turns them back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def _from_json(value: object) -> object:
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
 
 
 class Recorder:
@@ -95,7 +122,7 @@ class Recorder:
             "declaration": declaration_to_dict(loaded.backend.declaration),
             "repro": None if repro is None else str(repro),
         }
-        line = json.dumps(rec, default=_plain) + "\n"
+        line = json.dumps(_finite_json(json.loads(json.dumps(rec, default=_plain))), allow_nan=False) + "\n"
         # One write of one whole line to a file only this process appends to; fsync so that a
         # crash of the machine right after still leaves the verdict on disk.
         with open(self.path, "a", encoding="utf-8") as f:
@@ -114,7 +141,7 @@ def read_results(directory: str | Path) -> list[dict]:
             for line in f:
                 if not line.endswith("\n"):
                     continue
-                out.append(json.loads(line))
+                out.append(_from_json(json.loads(line)))
     return out
 
 
@@ -144,7 +171,8 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "traceback": result.traceback,
         "replay": replay_command(json_path),
     }
-    json_path.write_text(json.dumps(info, indent=1, default=_plain) + "\n", encoding="utf-8")
+    plain = _finite_json(json.loads(json.dumps(info, default=_plain)))
+    json_path.write_text(json.dumps(plain, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return json_path
 
 
