@@ -260,3 +260,20 @@ def test_plugin_records_results_and_reproducers(tmp_path):
     failing = [r for r in records if r["outcome"] == "FAIL"]
     assert all(r["repro"] and Path(r["repro"]).is_file() for r in failing)
     assert f"Replay: python -m harness replay {failing[0]['repro']}" in run.stdout
+
+
+def test_plugin_results_under_xdist_keep_every_worker(tmp_path):
+    """Under ``-n 2`` each worker records into its own file, and together they hold every test."""
+    results = tmp_path / "results"
+    run = _pytest(
+        "suites/engine/test_differential.py", "-n", "2", "-k", "emulation-cpu-tiny", "--results", str(results)
+    )
+    assert run.returncode == 0, run.stdout
+    from mxmoe.harness.results import read_results
+
+    files = sorted(results.glob("results-*.jsonl"))
+    records = read_results(results)
+    ran = int(run.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+    assert len(records) == ran > 0, (len(records), run.stdout)
+    assert len({r["test_id"] for r in records}) == len(records)
+    assert 1 <= len(files) <= 2, files  # one file per process that ran tests, never a shared one
