@@ -261,8 +261,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     ]
     if not pairs:
         raise UsageError(
-            " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)])
-            + " selects none of the "
+            " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)]) + " selects none of the "
             f"{len(backends) * len(cases)} test ids of "
             f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
         )

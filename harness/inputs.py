@@ -116,16 +116,10 @@ class CaseInputs:
     @property
     def routing_kwargs(self) -> dict[str, object]:
         """The keyword arguments of ``reference.routing.route`` (and ``moe``) for this case."""
-        c = self.case
-        kw: dict[str, object] = {}
-        if c.n_group is not None:
-            kw.update(n_group=c.n_group, topk_group=c.topk_group)
-        if c.routing in ("DeepSeekV3", "MiniMax2"):
-            kw["routed_scaling_factor"] = c.routed_scaling_factor
-            if self.correction_bias is not None:
-                kw["correction_bias"] = self.correction_bias
+        kw = _selection_kwargs(self.case, self.correction_bias)
+        if self.case.routing in ("DeepSeekV3", "MiniMax2"):
+            kw["routed_scaling_factor"] = self.case.routed_scaling_factor
         return kw
-
 
     def reference(self, precision: Precision = EXACT) -> torch.Tensor:
         """The oracle's output for these inputs (float64 unless ``precision.output`` says else)."""
@@ -201,6 +195,7 @@ def _shard(case: Case, w: MoEWeights) -> MoEWeights:
 
 
 def _selection_kwargs(case: Case, bias: torch.Tensor | None) -> dict[str, object]:
+    """What decides the selection (``topk_margin``'s arguments): groups and the correction bias."""
     kw: dict[str, object] = {}
     if case.n_group is not None:
         kw.update(n_group=case.n_group, topk_group=case.topk_group)

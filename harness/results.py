@@ -10,8 +10,8 @@ reruns.
   JSON file naming the case, the backend and the command that reruns it; ``load_repro`` rebuilds
   everything ``run_case`` needs from them.
 
-Non-finite metrics (an infinite error ratio, a NaN cosine) are written as JSON ``Infinity`` and
-``NaN``, which Python's ``json`` reads back as floats.
+Files are strict JSON: non-finite metrics (an infinite error ratio, a NaN cosine) are written as
+the strings "inf", "-inf" and "nan", which ``read_results`` turns back into floats.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _WEIGHT_NAMES = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias
 
 
 def _plain(value: object) -> object:
-    """JSON-ready form of a declaration field (dtypes by name, tuples as lists)."""
+    """JSON-ready form of a record (dataclasses as dicts, dtypes by name, tuples as lists)."""
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     if isinstance(value, (tuple, list)):
@@ -122,7 +122,7 @@ class Recorder:
             "declaration": declaration_to_dict(loaded.backend.declaration),
             "repro": None if repro is None else str(repro),
         }
-        line = json.dumps(_finite_json(json.loads(json.dumps(rec, default=_plain))), allow_nan=False) + "\n"
+        line = json.dumps(_finite_json(_plain(rec)), allow_nan=False) + "\n"
         # One write of one whole line to a file only this process appends to; fsync so that a
         # crash of the machine right after still leaves the verdict on disk.
         with open(self.path, "a", encoding="utf-8") as f:
@@ -171,8 +171,7 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "traceback": result.traceback,
         "replay": replay_command(json_path),
     }
-    plain = _finite_json(json.loads(json.dumps(info, default=_plain)))
-    json_path.write_text(json.dumps(plain, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(_finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return json_path
 
 
