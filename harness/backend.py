@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from mxmoe.harness.cases import Case
+from mxmoe.harness.convert import BIAS_DTYPES, Converted, Storage, Target, convert_weights, padded_sizes
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS
 from mxmoe.reference.activation import ACTIVATIONS, LAYOUTS
@@ -87,6 +88,8 @@ class Declaration:
     intermediate_align: int = 32
     """Each TP partition's intermediate size is padded up to a multiple of this."""
     bias: bool = True
+    bias_dtype: str = "bf16"
+    """The dtype biases are stored in after conversion (``harness.convert.BIAS_DTYPES``)."""
     expert_parallel: bool = True
     router_weight_on_input: bool = True
     arithmetic: Arithmetic = Arithmetic()
@@ -94,12 +97,24 @@ class Declaration:
     """Whether two runs on the same inputs must agree bit for bit (False for atomics)."""
     kind: str = "backend"
     xfails: tuple[XFail, ...] = field(default_factory=tuple)
+    vllm_backend: str | None = None
+    """Its member of vLLM's ``Mxfp4MoeBackend`` (e.g. ``TRITON``), if it is one of vLLM's."""
+    device_archs: tuple[str, ...] = ()
+    """Where the vendor kernel family loads at all, if wider than ``archs`` (where it takes MXFP4):
+    AITER's CK MoE runs on gfx942 but declines the MXFP4 scheme there."""
 
     def __post_init__(self) -> None:
         import re
 
         if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.id):
             raise ValueError(f"Declaration.id must be lower-case tokens joined by '-', got {self.id!r}")
+        if self.bias_dtype not in BIAS_DTYPES:
+            raise ValueError(f"Declaration.bias_dtype must be one of {', '.join(BIAS_DTYPES)}; got {self.bias_dtype!r}")
+        bad_dev = [a for a in self.device_archs if a not in ARCHS]
+        if bad_dev:
+            raise ValueError(
+                f"Declaration.device_archs must be a subset of {', '.join(ARCHS)}; got {self.device_archs}"
+            )
         for name, values, accepted in (
             ("archs", self.archs, ARCHS),
             ("activations", self.activations, ACTIVATIONS),
@@ -128,6 +143,8 @@ class Backend:
     ``run``; they may narrow ``supports`` and override ``load``."""
 
     declaration: ClassVar[Declaration]
+    storage: ClassVar[tuple[Storage, ...]] = ()
+    """The backend's storage steps after row layout and padding (``harness.convert``)."""
 
     def supports(self, case: Case, arch: str) -> str | None:
         """None if this backend applies to ``case`` on ``arch``, else the reason it does not.
@@ -150,12 +167,59 @@ class Backend:
     def load(self) -> None:
         """Import vendor packages; raise BackendUnavailable (or let ImportError out) if absent."""
 
+    def target(self, case: Case) -> Target:
+        """What ``case``'s weights convert to for this backend: declared layout, padded sizes,
+        bias dtype, storage steps."""
+        d = self.declaration
+        hidden, intermediate = padded_sizes(case, d.hidden_align, d.intermediate_align)
+        return Target(d.w13_layout, hidden, intermediate, d.bias_dtype, self.storage)
+
+    def convert_weights(self, inputs: CaseInputs) -> Converted:
+        """``inputs.weights`` in this backend's layout, padding and storage (pure torch, any host)."""
+        return convert_weights(inputs.weights, self.target(inputs.case))
+
     def convert(self, inputs: CaseInputs) -> Any:
-        """The weights in this backend's layout (padded as declared). Must not modify ``inputs``."""
-        raise NotImplementedError
+        """What ``run`` reads, made once per case: by default ``convert_weights``; backends that
+        prepare more (dequantized copies, vendor objects) build it from that. Must not modify
+        ``inputs``."""
+        return self.convert_weights(inputs)
 
     def run(self, prepared: Any, inputs: CaseInputs, out: torch.Tensor) -> None:
         """The layer: write [T, H] into ``out`` (allocated by the engine, poisoned with NaN, of the
         declared output dtype). ``inputs.weights`` are the canonical weights; kernels use
         ``prepared``."""
         raise NotImplementedError
+
+
+class VendorKernel(Backend):
+    """A backend whose kernel lives in a vendor package (``package``, installed as ``pip_name``).
+    ``load`` imports it (absent: a SKIP naming it) and then ``check_call``, which says whether the
+    adapter can call the kernel here."""
+
+    package: ClassVar[str]
+    pip_name: ClassVar[str]
+    kernel: ClassVar[str]
+    """The vendor entry point, as its users know it (for reasons and reports)."""
+
+    def load(self) -> None:
+        """Import the vendor package, then ``check_call``."""
+        import importlib
+
+        try:
+            importlib.import_module(self.package)
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"{self.declaration.id} needs the package {self.package!r} (pip: {self.pip_name}): {exc}"
+            ) from exc
+        self.check_call()
+
+    def check_call(self) -> None:
+        """Raise BackendUnavailable unless ``run`` can call the kernel on this host."""
+        raise BackendUnavailable(
+            f"{self.declaration.id}: the adapter that calls {self.kernel} is not written yet; its declaration, "
+            "conversion and selection are checked without the kernel (suites/kernels)"
+        )
+
+    def run(self, prepared: Any, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """Call the vendor kernel (only reached where ``check_call`` passed)."""
+        raise NotImplementedError(f"{self.declaration.id}: no kernel adapter yet")

@@ -38,11 +38,11 @@ def _timed(fn: Callable[[], object], device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_rate(device: str, n: int, repeats: int) -> float:
-    """FLOP/s of an n x n x n float64 matmul on ``device`` (random data, not zeros)."""
+def matmul_rate(device: str, n: int, repeats: int, dtype: torch.dtype = torch.float64) -> float:
+    """FLOP/s of an n x n x n matmul in ``dtype`` on ``device`` (random data, not zeros)."""
     gen = generator_for("bench-matmul", device)
-    a = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64)
-    b = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64)
+    a = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64).to(dtype)
+    b = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64).to(dtype)
     return 2 * n**3 / _timed(lambda: a @ b, device, repeats)
 
 
@@ -72,4 +72,40 @@ def bench_reference(
                 row[f"{kind}_ratio"] = flops / secs / rate
             rows.append(row)
         del weights, prepared
+    return rate, rows
+
+
+def bench_backend(
+    backend: object, arch: str, models: list[str], tokens: list[int], repeats: int, matmul_n: int
+) -> tuple[float, list[dict[str, object]]]:
+    """Time a backend's ``run`` (weights converted once, outside the timing) on the cases
+    ``make_case(model, T)``; returns the same-run bf16 matmul FLOP/s (what a bf16 MoE kernel can
+    at best approach) and one row per (model, T)."""
+    from mxmoe.harness.cases import make_case
+    from mxmoe.harness.inputs import make_inputs
+    from mxmoe.harness.platforms import device_for
+
+    device = device_for(arch)
+    rate = matmul_rate(device, matmul_n, repeats, torch.bfloat16)
+    backend.load()
+    rows = []
+    for name in models:
+        for t in tokens:
+            case = make_case(name, t)
+            inputs = make_inputs(case, device)
+            prepared = backend.convert(inputs)
+            out = torch.empty(t, case.hidden, dtype=backend.declaration.arithmetic.precision.output, device=device)
+            secs = _timed(lambda p=prepared, i=inputs, o=out: backend.run(p, i, o), device, repeats)
+            flops = gemm_flops(MODELS[name], t)
+            rows.append(
+                {
+                    "model": name,
+                    "tokens": t,
+                    "ms": secs * 1e3,
+                    "tflops": flops / secs / 1e12,
+                    "ratio": flops / secs / rate,
+                    "bf16_matmul_tflops": rate / 1e12,
+                }
+            )
+            del inputs, prepared, out
     return rate, rows

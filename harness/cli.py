@@ -82,6 +82,34 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     return main(["check", "--profile", "pr", "--results", args.results])
 
 
+def _cmd_bench_backend(args: argparse.Namespace) -> int:
+    from mxmoe.harness.bench import bench_backend
+    from mxmoe.harness.platforms import device_for, host_arch
+    from mxmoe.harness.registry import discover, select
+
+    arch = args.arch or host_arch()
+    try:
+        chosen = select(discover(), (args.backend,))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if len(chosen) != 1:
+        raise UsageError(f"--backend {args.backend!r} must name one backend; it matches {len(chosen)}")
+    backend = chosen[0].backend
+    print(_host_line(device_for(arch)))
+    rate, rows = bench_backend(backend, arch, args.models, args.tokens, args.repeats, args.matmul_n)
+    n = args.matmul_n
+    print(f"{backend.declaration.id} on {arch}; bf16 matmul {n}^3 in the same run: {rate / 1e12:.1f} TFLOP/s\n")
+    table = [
+        (r["model"], r["tokens"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}", f"{r['ratio']:.3f}") for r in rows
+    ]
+    print(format_table(("model", "T", "ms", "TFLOP/s", "of bf16 matmul"), table))
+    print("\nms: median of the timed run() calls (weights converted once, before); FLOPs of the two expert GEMMs")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"host": _host_line(device_for(arch)), "bf16_matmul_flops": rate, "rows": rows}, f, indent=1)
+    return 0
+
+
 def _cmd_bench_reference(args: argparse.Namespace) -> int:
     from mxmoe.harness.bench import bench_reference
 
@@ -356,6 +384,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the rows to this file")
     p.set_defaults(fn=_cmd_bench_reference)
 
+    p = sub.add_parser("bench-backend", help="time one backend at gpt-oss shapes vs a bf16 matmul of the same run")
+    p.add_argument("--backend", required=True, metavar="ID", help="the backend id, e.g. portable-triton")
+    p.add_argument("--arch", type=_arch, help="architecture to run as (default: this host's)")
+    p.add_argument(
+        "--models",
+        type=lambda v: v.split(","),
+        default=list(MODEL_SHAPES),
+        help=f"comma-separated, from {', '.join(MODEL_SHAPES)} (default all)",
+    )
+    p.add_argument(
+        "--tokens", type=_int_list, default=[1, 7, 128, 4096], help="comma-separated T (default 1,7,128,4096)"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per row; the median is shown (default 5)")
+    p.add_argument("--matmul-n", type=int, default=8192, help="size of the bf16 matmul (default 8192)")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.set_defaults(fn=_cmd_bench_backend, parser=p)
+
     file_help = "a backend class in a file, PATH.py:ClassName (repeatable)"
     p = sub.add_parser("backends", help="list every backend and whether it can run on this host")
     p.add_argument(
@@ -406,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "bench-reference":
+    if args.command in ("bench-reference", "bench-backend"):
         unknown = [m for m in args.models if m not in MODEL_SHAPES]
         if unknown:
             parser.error(f"--models: unknown {', '.join(unknown)}; accepted values are {', '.join(MODEL_SHAPES)}")

@@ -28,6 +28,8 @@ ENTRY_POINT_GROUP = "mxmoe.backends"
 
 BUILTIN = (
     "mxmoe.kernels.emulation:Emulation",
+    "mxmoe.kernels.portable_triton:PortableTriton",
+    "mxmoe.kernels.portable_triton:PortableTritonChunked",
     "mxmoe.harness.honest:HonestFp32",
     "mxmoe.harness.honest:HonestSplitK",
     "mxmoe.harness.honest:HonestBf16Gemm",

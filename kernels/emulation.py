@@ -16,7 +16,7 @@ import torch
 from mxmoe.harness.backend import Arithmetic, Backend, Declaration
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS
-from mxmoe.reference.activation import convert_layout, gated_activation
+from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
 from mxmoe.reference.routing import route
@@ -44,16 +44,13 @@ class TorchMoE(Backend):
     split_k: int = 1
 
     def convert(self, inputs: CaseInputs) -> Prepared:
-        """Dequantize (exact) and reorder w13 rows into the declared layout."""
-        w = inputs.weights
+        """The declared conversion (row layout, padding), then an exact dequantization."""
+        w = self.convert_weights(inputs).logical()
         dt = _DTYPES[self.gemm]
-        layout = self.declaration.w13_layout
-        blocks = convert_layout(w.w13_blocks, w.w13_layout, layout, dim=-2)
-        scales = convert_layout(w.w13_scales, w.w13_layout, layout, dim=-2)
         # One expert at a time: the float64 dequantization of all gpt-oss experts at once is 6 GB.
-        w13 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(blocks, scales)])
+        w13 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w13_blocks, w.w13_scales)])
         w2 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w2_blocks, w.w2_scales)])
-        b13 = None if w.w13_bias is None else convert_layout(w.w13_bias, w.w13_layout, layout, dim=-1).float()
+        b13 = None if w.w13_bias is None else w.w13_bias.float()
         return Prepared(w13, w2, b13, None if w.w2_bias is None else w.w2_bias.float())
 
     def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -86,7 +83,8 @@ class TorchMoE(Backend):
             ids = inputs.expert_map.to(ids.device, torch.int64)[ids]
         on_input = case.routing == "Llama4"
         x = inputs.x.float()
-        acc = torch.zeros(case.tokens, inputs.weights.hidden_size, dtype=torch.float32, device=x.device)
+        x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
+        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=torch.float32, device=x.device)
         for e in range(prepared.w13.shape[0]):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
             if tok.numel() == 0:
@@ -105,7 +103,7 @@ class TorchMoE(Backend):
                 y = y + prepared.b2[e]
             y = self._round(y, p.expert_output, p)
             acc.index_add_(0, tok, y if on_input else y * we)
-        out.copy_(acc)
+        out.copy_(acc[:, : out.shape[1]])
 
 
 class Emulation(TorchMoE):
