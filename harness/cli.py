@@ -110,6 +110,73 @@ def _cmd_bench_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_select(args: argparse.Namespace) -> int:
+    from mxmoe.harness.registry import discover
+    from mxmoe.harness.selection import Deployment, NoBackend, describe, select_backend
+
+    try:
+        dep = Deployment(
+            arch=args.arch,
+            activation=args.activation,
+            activation_quant=args.activation_quant,
+            routing=args.routing,
+            tp=args.tp,
+            ep=args.ep,
+            moe_backend=args.moe_backend,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    decls = [item.backend.declaration for item in discover()]
+    print(describe(dep))
+    try:
+        sel = select_backend(dep, decls)
+    except NoBackend as exc:
+        print(f"error: {exc}")
+        return 1
+    by_name = {d.vllm_backend: d.id for d in decls if d.vllm_backend}
+    table = [
+        (name, by_name.get(name, "-"), "CHOSEN" if reason is None else f"rejected: {reason}")
+        for name, reason in sel.candidates
+    ]
+    print(format_table(("candidate (in order)", "module", "verdict"), table))
+    print(f"\nchosen: {sel.chosen.vllm_backend} ({sel.chosen.id})")
+    return 0
+
+
+def _cmd_padding(args: argparse.Namespace) -> int:
+    from mxmoe.harness.padding_audit import audit
+    from mxmoe.harness.registry import discover, select
+
+    backends = [item.backend for item in select(discover())]
+    rows = audit(backends)
+    table = [
+        (
+            r.model,
+            r.tp,
+            r.backend,
+            f"{r.hidden}->{r.padded_hidden}",
+            f"{r.partition}->{r.padded_intermediate}",
+            f"{100 * (r.padded_intermediate / r.partition - 1):.1f}%",
+            f"{r.converted_bytes / 2**30:.3f}",
+            f"{r.ideal_bytes / 2**30:.3f}",
+            f"{100 * r.waste:.1f}%",
+        )
+        for r in rows
+    ]
+    headers = ("model", "TP", "backend", "H", "I per rank", "I padding", "GiB (all ranks)", "ideal GiB", "waste")
+    print(format_table(headers, table))
+    print(
+        "\nI per rank: vLLM's partition I/TP and the padded size the backend allocates on every rank;"
+        "\nGiB: the converted MXFP4 blocks and scales (biases excluded) of one layer, all ranks;"
+        "\nideal: the unsharded layer with no padding; waste = converted / ideal - 1"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"rows": [r.to_dict() for r in rows]}, f, indent=1)
+    print(f"recorded: {args.json}")
+    return 0
+
+
 def _cmd_bench_reference(args: argparse.Namespace) -> int:
     from mxmoe.harness.bench import bench_reference
 
@@ -400,6 +467,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-n", type=int, default=8192, help="size of the bf16 matmul (default 8192)")
     p.add_argument("--json", help="also write the rows to this file")
     p.set_defaults(fn=_cmd_bench_backend, parser=p)
+
+    from mxmoe.harness.selection import ACTIVATION_QUANTS, MOE_BACKENDS
+    from mxmoe.reference.activation import ACTIVATIONS
+    from mxmoe.reference.routing import ROUTING_METHODS
+
+    p = sub.add_parser("select", help="which MXFP4 MoE backend vLLM's oracle picks, and why not the others")
+    p.add_argument("--arch", type=_arch, required=True, help="the architecture, e.g. sm90, sm100, gfx942, gfx950")
+    p.add_argument("--activation", choices=ACTIVATIONS, default="swigluoai", help="(default swigluoai)")
+    p.add_argument(
+        "--activation-quant", choices=list(ACTIVATION_QUANTS), help="asked-for activation quantization (default none)"
+    )
+    p.add_argument("--routing", choices=ROUTING_METHODS, default="Renormalize", help="(default Renormalize)")
+    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--ep", type=_positive(int), default=1, help="expert-parallel size (default 1)")
+    p.add_argument(
+        "--moe-backend", choices=list(MOE_BACKENDS), default="auto", help="as vLLM's --moe-backend (default auto)"
+    )
+    p.set_defaults(fn=_cmd_select, parser=p)
+
+    p = sub.add_parser("padding", help="weight memory each backend's padding costs at gpt-oss TP 1, 2, 4, 8")
+    p.add_argument("--json", default="results/padding.json", help="where the rows are recorded (default %(default)s)")
+    p.set_defaults(fn=_cmd_padding, parser=p)
 
     file_help = "a backend class in a file, PATH.py:ClassName (repeatable)"
     p = sub.add_parser("backends", help="list every backend and whether it can run on this host")

@@ -113,6 +113,7 @@ class Emulation(TorchMoE):
     declaration = Declaration(
         id="emulation",
         archs=ARCHS,
+        vllm_backend="EMULATION",
         description="dequantize + bf16 GEMMs (fp32 accumulation), bf16 between every stage",
         w13_layout="interleaved",
         arithmetic=Arithmetic(

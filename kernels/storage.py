@@ -1,0 +1,245 @@
+"""Storage steps of the vendor layouts (``harness.convert.Storage``), written from the vendors'
+published layout code and checked here only for what they must be: pure permutations of bytes
+(or nibbles) plus zero padding, inverted bit for bit. Each docstring names the vendor function
+whose layout it reproduces; agreement with the vendor's own function, where that function is pure
+torch and the package is installed, is checked by the adapters' tests.
+
+All steps act per expert: dimension 0 is the expert, a weight is [E, rows, cols], a bias
+[E, rows].
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from mxmoe.harness.convert import Storage
+from mxmoe.harness.padding import round_up
+
+W = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")
+SCALES = ("w13_scales", "w2_scales")
+BLOCKS = ("w13_blocks", "w2_blocks")
+BIASES = ("w13_bias", "w2_bias")
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return inv
+
+
+@functools.lru_cache(maxsize=64)
+def epilogue_tile_rows(rows: int) -> torch.Tensor:
+    """FlashInfer's ``get_shuffle_matrix_a_row_indices`` at epilogue_tile_m = 128 (block of 32
+    rows): new row 32b + j is old row 32b + 4 (j % 8) + j // 8. TRT-LLM-gen MoE GEMMs read w13, w2,
+    their scales (before the 128x4 swizzle) and biases in this order."""
+    if rows % 32:
+        raise ValueError(f"the epilogue row shuffle needs rows % 32 == 0, got {rows}")
+    j = torch.arange(rows)
+    return (j // 32) * 32 + 4 * (j % 8) + (j % 32) // 8
+
+
+def row_shuffle(roles: tuple[str, ...] = W + BIASES) -> Storage:
+    """``epilogue_tile_rows`` applied to dimension 1 of every tensor of ``roles``."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        return t.index_select(1, epilogue_tile_rows(t.shape[1]).to(t.device))
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        return t.index_select(1, _inverse(epilogue_tile_rows(t.shape[1])).to(t.device))
+
+    return Storage("epilogue-row-shuffle", roles, fwd, inv, "rows permuted for the transposed-MMA epilogue (tile 128)")
+
+
+def swizzle_128x4(view_fp8: bool = True) -> Storage:
+    """FlashInfer's ``block_scale_interleave`` (alias ``nvfp4_block_scale_interleave``): each
+    expert's [R, C] scale bytes zero-padded to [ceil128(R), ceil4(C)] and stored in 512-byte tiles
+    of 128 rows x 4 columns, byte (m, k) at ((m // 128) * C/4 + k // 4) * 512 + (m % 32) * 16 +
+    ((m % 128) // 32) * 4 + k % 4. Kept as [E, R', C'] and, as vLLM does for TRT-LLM, viewed as
+    float8_e4m3fn (the bytes stay E8M0)."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, r, c = t.shape
+        rp, cp = round_up(r, 128), round_up(c, 4)
+        p = torch.zeros(e, rp, cp, dtype=t.dtype, device=t.device)
+        p[:, :r, :c] = t
+        out = p.reshape(e, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(e, rp, cp)
+        return out.contiguous().view(torch.float8_e4m3fn) if view_fp8 else out.contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, rp, cp = t.shape
+        p = t.view(torch.uint8).reshape(e, rp // 128, cp // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5)
+        return p.reshape(e, rp, cp)[:, : shape[1], : shape[2]].contiguous()
+
+    return Storage("scale-swizzle-128x4", SCALES, fwd, inv, "scales in 128x4 tiles (block_scale_interleave)")
+
+
+def sm90_scale_interleave() -> Storage:
+    """The scale layout of FlashInfer's SM90 mixed-input CUTLASS MoE from 0.6.10 to 0.6.15 (and
+    of vLLM's converter): groups of 4 consecutive scale bytes (128 elements of K) of each row
+    kept together, rows inner: [E, R, K/32] -> [E, K/128, R * 4], out[e, kb, 4r + g] =
+    s[e, r, 4kb + g]. Needs K/32 % 4 == 0 (hidden and intermediate padded to 128)."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, r, c = t.shape
+        if c % 4:
+            raise ValueError(f"the SM90 scale interleave needs K/32 % 4 == 0, got {c}")
+        return t.reshape(e, r, c // 4, 4).permute(0, 2, 1, 3).reshape(e, c // 4, r * 4).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, r, c = shape
+        return t.reshape(e, c // 4, r, 4).permute(0, 2, 1, 3).reshape(e, r, c).contiguous()
+
+    return Storage("sm90-scale-interleave", SCALES, fwd, inv, "scales [E, K/128, 4R] (FlashInfer 0.6.10-0.6.15)")
+
+
+@functools.lru_cache(maxsize=16)
+def sm90_nibble_source(rows: int, k: int) -> torch.Tensor:
+    """For FlashInfer's SM90 mixed-GEMM weight interleave (0.6.10-0.6.15, CUDA kernel
+    ``moe_gemm_mixed_utils.cu``): the flat source index (row * k + element) of every output
+    nibble. Rows pair up as r and r + 8 within each 16-row group; within 64-element partitions
+    the elements of the pair are interleaved. Needs rows % 16 == 0 and k % 64 == 0."""
+    if rows % 16 or k % 64:
+        raise ValueError(f"the SM90 weight interleave needs rows % 16 == 0 and K % 64 == 0, got {rows} x {k}")
+    r_out = torch.arange(rows).reshape(-1, 1)
+    t = torch.arange(k).reshape(1, -1)
+    p, tt = t // 64, t % 64
+    j = tt // 2
+    h = (r_out // 8) % 2
+    r_base = 16 * (r_out // 16) + r_out % 8
+    src_row = r_base + 8 * (tt % 2)
+    src_el = 64 * p + 32 * (j // 16) + 16 * h + 8 * ((j // 2) % 2) + 2 * ((j % 16) // 4) + j % 2
+    return (src_row * k + src_el).reshape(-1)
+
+
+def _nibbles(t: torch.Tensor) -> torch.Tensor:
+    return torch.stack([t & 0xF, t >> 4], dim=-1).reshape(t.shape[0], -1)
+
+
+def _pack(n: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    pairs = n.reshape(*shape, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def sm90_weight_interleave() -> Storage:
+    """``sm90_nibble_source`` applied to each expert's packed weights (whole nibbles move; every
+    nibble's bits stay as they are)."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, r, kb = t.shape
+        src = sm90_nibble_source(r, 2 * kb).to(t.device)
+        return _pack(_nibbles(t)[:, src], t.shape)
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, r, kb = t.shape
+        src = sm90_nibble_source(r, 2 * kb).to(t.device)
+        return _pack(_nibbles(t)[:, _inverse(src)], t.shape)
+
+    return Storage("sm90-weight-interleave", BLOCKS, fwd, inv, "nibbles of row pairs (r, r+8) interleaved per 64")
+
+
+def transpose() -> Storage:
+    """[E, N, K] -> [E, K, N] for blocks and scales: how OpenAI triton_kernels takes MXFP4
+    weights (``w.transpose(-2, -1)`` before its layout conversion)."""
+    return Storage(
+        "transpose",
+        W,
+        lambda t, role: t.transpose(-2, -1).contiguous(),
+        lambda t, role, shape: t.transpose(-2, -1).contiguous(),
+        "blocks and scales [E, K, N] (reduction dimension first)",
+    )
+
+
+def aiter_a16w4_weight_shuffle() -> Storage:
+    """AITER's ``shuffle_weight_a16w4(w, 16, gate_up)`` for the CK a16w4 MoE: [E, N, Kb] bytes in
+    16-row x 16-byte tiles, K split in groups of 4 tiles; for w13 (gate_up) the gate and up
+    halves are interleaved at 16-row granularity. Needs N % 16 == 0 (per half) and Kb % 64 == 0."""
+
+    def dims(t: torch.Tensor, role: str) -> tuple[int, ...]:
+        e, n, kb = t.shape
+        halves = 2 if role == "w13_blocks" else 1
+        if (n // halves) % 16 or kb % 64:
+            raise ValueError(f"AITER a16w4 weight shuffle needs N % 16 == 0 and Kb % 64 == 0, got {n} x {kb}")
+        return e, halves, n // halves // 16, kb // 64
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, g, n0, k0 = dims(t, role)
+        v = t.reshape(e, g, n0, 16, k0, 4, 16).permute(0, 2, 1, 4, 5, 3, 6)
+        return v.reshape(t.shape).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, g, n0, k0 = dims(t, role)
+        v = t.reshape(e, n0, g, k0, 4, 16, 16).permute(0, 2, 1, 5, 3, 4, 6)
+        return v.reshape(shape).contiguous()
+
+    return Storage("aiter-a16w4-weight-shuffle", BLOCKS, fwd, inv, "16x16-byte tiles, gate/up interleaved per 16 rows")
+
+
+def aiter_a16w4_scale_shuffle() -> Storage:
+    """AITER's ``shuffle_scale_a16w4(s, E, gate_up)``: [E, n, k] scale bytes ordered
+    [E, n/32, k/8, 4 (k lane), 16 (n lane), 2 (k pack), 2 (n pack)], the n pack being the gate/up
+    half for w13. AITER pads k to a multiple of 8 with 0x7F; the declared padding (hidden and
+    intermediate to 256) makes k a multiple of 8, so nothing is padded here (checked)."""
+
+    def dims(t: torch.Tensor) -> tuple[int, int, int]:
+        e, n, k = t.shape
+        if n % 32 or k % 8:
+            raise ValueError(f"AITER a16w4 scale shuffle needs n % 32 == 0 and k % 8 == 0, got {n} x {k}")
+        return e, n // 32, k // 8
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, n1, k1 = dims(t)
+        if role == "w13_scales":
+            v = t.reshape(e, 2, n1, 16, k1, 2, 4).permute(0, 2, 4, 6, 3, 5, 1)
+        else:
+            v = t.reshape(e, n1, 2, 16, k1, 2, 4).permute(0, 1, 4, 6, 3, 5, 2)
+        return v.reshape(t.shape).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, n1, k1 = dims(t)
+        v = t.reshape(e, n1, k1, 4, 16, 2, 2)
+        v = v.permute(0, 6, 1, 4, 2, 5, 3) if role == "w13_scales" else v.permute(0, 1, 6, 4, 2, 5, 3)
+        return v.reshape(shape).contiguous()
+
+    return Storage("aiter-a16w4-scale-shuffle", SCALES, fwd, inv, "scales [E, n/32, k/8, 4, 16, 2, 2]")
+
+
+_MARLIN_SCALE_PERM = torch.tensor([i + 8 * j for i in range(8) for j in range(8)])
+_MARLIN_SCALE_PERM_SINGLE = torch.tensor([2 * i + d for i in range(4) for d in (0, 1, 8, 9, 16, 17, 24, 25)])
+_MXFP4_MARLIN_SWAP = torch.tensor([0, 2, 1, 3])
+
+
+def marlin_scales() -> Storage:
+    """vLLM's Marlin MXFP4 scale preparation (pure torch): each expert's scales transposed to
+    [K/32, N], ``marlin_permute_scales`` (rows of 64 permuted by scale_perm), then
+    ``mxfp4_marlin_process_scales`` for 16-bit activations (groups of 4 bytes reordered
+    0, 2, 1, 3). The weights' tile repack is a CUDA op (``gptq_marlin_repack``) run by the adapter."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, n, g = t.shape
+        s = t.transpose(1, 2).reshape(e, -1, 64)[:, :, _MARLIN_SCALE_PERM.to(t.device)]
+        s = s.reshape(e, -1, 4)[:, :, _MXFP4_MARLIN_SWAP.to(t.device)]
+        return s.reshape(e, g, n).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, n, g = shape
+        s = t.reshape(e, -1, 4)[:, :, _inverse(_MXFP4_MARLIN_SWAP).to(t.device)]
+        s = s.reshape(e, -1, 64)[:, :, _inverse(_MARLIN_SCALE_PERM).to(t.device)]
+        return s.reshape(e, g, n).transpose(1, 2).contiguous()
+
+    return Storage("marlin-scales", SCALES, fwd, inv, "scales [K/32, N], Marlin-permuted, pairs swapped")
+
+
+def marlin_bias() -> Storage:
+    """vLLM's ``marlin_permute_bias``: each expert's bias in runs of 32 permuted by
+    scale_perm_single."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        return t.reshape(t.shape[0], -1, 32)[:, :, _MARLIN_SCALE_PERM_SINGLE.to(t.device)].reshape(t.shape).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        perm = _inverse(_MARLIN_SCALE_PERM_SINGLE).to(t.device)
+        return t.reshape(t.shape[0], -1, 32)[:, :, perm].reshape(shape).contiguous()
+
+    return Storage("marlin-bias", BIASES, fwd, inv, "biases in runs of 32 permuted (marlin_permute_bias)")
