@@ -537,7 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     from mxmoe.harness.bench import MODEL_SHAPES
+    from mxmoe.harness.platforms import use_triton_interpreter_without_gpu
 
+    use_triton_interpreter_without_gpu()  # before anything imports triton; worker processes inherit it
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("bench-reference", "bench-backend"):

@@ -4,6 +4,7 @@ fingerprint that every result carries."""
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import socket
 from importlib import metadata
@@ -42,6 +43,15 @@ def host_arch() -> str:
         return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]  # e.g. gfx942
     major, minor = torch.cuda.get_device_capability(0)
     return f"sm{major}{minor}"  # sm90 for Hopper, sm100 for B200, sm86 for an A10
+
+
+def use_triton_interpreter_without_gpu() -> None:
+    """On a host with no GPU, Triton kernels can only run under Triton's interpreter, which must
+    be chosen before triton is first imported (``triton.jit`` reads TRITON_INTERPRET when it
+    decorates, its standard library included; torchao, for one, imports triton). The harness's
+    entry points (CLI, pytest plugin) call this first; an explicit TRITON_INTERPRET is kept."""
+    if "TRITON_INTERPRET" not in os.environ and host_arch() == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def device_for(arch: str) -> str:

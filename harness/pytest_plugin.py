@@ -90,6 +90,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from mxmoe.harness.platforms import use_triton_interpreter_without_gpu
+
+    use_triton_interpreter_without_gpu()  # before any test module imports triton
     settings.load_profile(config.getoption("--profile"))
 
 

@@ -29,7 +29,7 @@ import torch
 from mxmoe.harness.backend import Arithmetic, Backend, BackendUnavailable, Declaration
 from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import ARCHS, host_arch
+from mxmoe.harness.platforms import ARCHS, host_arch, use_triton_interpreter_without_gpu
 from mxmoe.reference.moe import MoEWeights, Precision, round_to
 from mxmoe.reference.routing import route
 
@@ -111,12 +111,16 @@ class PortableTriton(Backend):
         set here before Triton reads it) on a host without one."""
         if PortableTriton._kernels is not None:
             return
-        if host_arch() == "cpu":
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        use_triton_interpreter_without_gpu()
         try:
-            import triton  # noqa: F401
+            import triton.language as tl
         except ImportError as exc:
             raise BackendUnavailable(f"{self.declaration.id} needs triton (pip install triton): {exc}") from exc
+        if host_arch() == "cpu" and type(tl.zeros).__name__ != "InterpretedFunction":
+            raise BackendUnavailable(
+                f"{self.declaration.id}: this host has no GPU and triton was imported before TRITON_INTERPRET=1 "
+                "was set; set it in the environment (the harness's CLI and pytest plugin set it at start)"
+            )
         from mxmoe.kernels import portable_triton_kernels
 
         PortableTriton._kernels = portable_triton_kernels

@@ -41,6 +41,7 @@ def sweep(tmp_path_factory):
     proc = harness(
         "check",
         *(a for f in files for a in ("--backend-file", f)),
+        *(a for b in ("emulation", "crash-fp32", "hang-fp32", "wrongsign-fp32", "splitoutmoe") for a in ("--backend", b)),
         *("-k", "tiny-interleaved-t", "--timeout", "5", "--workers", "2", "--results", str(results)),
     )
     records = {r["test_id"]: r for r in read_results(results)}

@@ -1,0 +1,64 @@
+"""Each backend's declaration against SPEC section 6's table (devices, activation quantization,
+w13 rows, round-ups), written out here independently of the modules, so that a change to either
+is a visible decision. Ids carry the architectures (``pytest -k gfx942``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mxmoe.harness.backend import BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.registry import discover
+from mxmoe.harness.selection import GPT_OSS_PRIORITY, MOE_BACKENDS
+
+# vLLM name: (archs, quant, w13 layout, hidden round-up, intermediate round-up, bias dtype)
+SPEC = {
+    "FLASHINFER_TRTLLM_MXFP4_BF16": (("sm100",), "w4a16", "pair_swapped", 256, 128, "fp32"),
+    "FLASHINFER_TRTLLM_MXFP4_MXFP8": (("sm100",), "w4a8-mxfp8", "pair_swapped", 256, 128, "fp32"),
+    "FLASHINFER_CUTLASS_MXFP4_BF16": (("sm90",), "w4a16", "chunked_up_gate", 128, 128, "bf16"),
+    "FLASHINFER_CUTLASS_MXFP4_MXFP8": (("sm100",), "w4a8-mxfp8", "chunked_up_gate", 128, 128, "bf16"),
+    "TRITON": (("sm90", "sm100", "gfx942", "gfx950"), "w4a16", "interleaved", 32, 64, "fp32"),
+    "TRITON_UNFUSED": (("sm90", "sm100", "gfx942", "gfx950"), "w4a16", "chunked_gate_up", 32, 64, "fp32"),
+    "MARLIN": (("sm80", "sm90", "sm100", "sm120"), "w4a16", "interleaved", 256, 128, "bf16"),
+    "AITER_MXFP4_BF16": (("gfx950",), "w4a16", "chunked_gate_up", 256, 256, "fp32"),
+    "AITER_TRITON_MXFP4_BF16": (("gfx942", "gfx950", "gfx1250"), "w4a16", "interleaved", 256, 256, "fp32"),
+    "AITER_MXFP4_FP8": (("gfx950", "gfx1250"), "w4a8-fp8", "interleaved", 256, 256, "fp32"),
+    "EMULATION": (("cpu", "sm80", "sm90", "sm100", "sm120", "gfx942", "gfx950", "gfx1250"), "w4a16", "interleaved",
+                  32, 32, "bf16"),
+}  # fmt: skip
+LOADED = [item for item in discover() if item.backend.declaration.kind == "backend"]
+VLLM = {item.backend.declaration.vllm_backend: item for item in LOADED if item.backend.declaration.vllm_backend}
+
+
+def _id(d: Declaration) -> str:
+    return f"{d.id}-{'-'.join(d.archs)}"
+
+
+def test_every_backend_of_the_design_has_a_module():
+    assert set(VLLM) == set(SPEC)
+    assert all(item.spec.startswith("mxmoe.kernels.") for item in VLLM.values())
+    assert len({item.spec.split(":")[0] for item in VLLM.values()}) == len(SPEC), "one module per backend"
+    assert {"portable-triton", "portable-triton-chunked"} <= {item.backend.declaration.id for item in LOADED}
+
+
+@pytest.mark.parametrize("name", list(SPEC), ids=lambda n: _id(VLLM[n].backend.declaration))
+def test_declaration_matches_spec(name):
+    d = VLLM[name].backend.declaration
+    assert (d.archs, d.quant, d.w13_layout, d.hidden_align, d.intermediate_align, d.bias_dtype) == SPEC[name]
+    assert name in GPT_OSS_PRIORITY or name == "TRITON_UNFUSED"  # vLLM: "TRITON_UNFUSED has bug with MTP support"
+    assert any(name in names for key, names in MOE_BACKENDS.items() if key != "auto"), "reachable by --moe-backend"
+
+
+def test_ck_runs_on_gfx942_but_takes_mxfp4_only_on_gfx950():
+    d = VLLM["AITER_MXFP4_BF16"].backend.declaration
+    assert "gfx942" in d.device_archs and "gfx942" not in d.archs
+
+
+@pytest.mark.parametrize(
+    "item", [i for i in LOADED if isinstance(i.backend, VendorKernel)], ids=lambda i: _id(i.backend.declaration)
+)
+def test_vendor_backends_are_unavailable_with_a_reason_here(item):
+    """Without its package (or before its kernel adapter exists) a vendor backend's load raises
+    BackendUnavailable naming the backend and what is missing, never anything else."""
+    b = item.backend
+    with pytest.raises(BackendUnavailable, match=b.declaration.id):
+        b.load()
