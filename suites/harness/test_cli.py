@@ -33,6 +33,9 @@ def harness(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     )
 
 
+SWEPT = ("emulation", "crash-fp32", "hang-fp32", "wrongsign-fp32", "splitoutmoe")
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """One check over emulation and four faulty backends on five small cases, two workers."""
@@ -41,7 +44,7 @@ def sweep(tmp_path_factory):
     proc = harness(
         "check",
         *(a for f in files for a in ("--backend-file", f)),
-        *(a for b in ("emulation", "crash-fp32", "hang-fp32", "wrongsign-fp32", "splitoutmoe") for a in ("--backend", b)),
+        *(a for b in SWEPT for a in ("--backend", b)),
         *("-k", "tiny-interleaved-t", "--timeout", "5", "--workers", "2", "--results", str(results)),
     )
     records = {r["test_id"]: r for r in read_results(results)}
