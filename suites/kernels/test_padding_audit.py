@@ -95,3 +95,19 @@ def test_sm90_weight_interleave_is_a_nibble_permutation():
     assert sorted(src.tolist()) == list(range(32 * 128))
     # rows r and r + 8 of a 16-row group are interleaved element by element
     assert src[:4].tolist() == [0, 8 * 128, 1, 8 * 128 + 1]
+
+
+def test_aiter_a16w4_weight_shuffle_tiles():
+    """AITER shuffle_weight_a16w4: w2 bytes in [N/16][Kb/16][16 rows][16 bytes] tiles; for w13
+    the gate and up halves alternate per 16-row group."""
+    e, n, kb = 1, 32, 128
+    t = torch.randint(1, 255, (e, 2 * n, kb), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    step = storage.aiter_a16w4_weight_shuffle()
+    w2 = step.forward(t[:, :n], "w2_blocks").reshape(-1)
+    w13 = step.forward(t, "w13_blocks").reshape(-1)
+    for row, col in [(0, 0), (5, 17), (16, 3), (31, 127), (17, 64)]:
+        off = ((row // 16) * (kb // 16) + col // 16) * 256 + (row % 16) * 16 + col % 16
+        assert w2[off] == t[0, row, col]
+        for half in (0, 1):
+            off13 = (((row // 16) * 2 + half) * (kb // 16) + col // 16) * 256 + (row % 16) * 16 + col % 16
+            assert w13[off13] == t[0, half * n + row, col]
