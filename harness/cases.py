@@ -103,6 +103,12 @@ def tp_shard(intermediate: int, tp: int, rank: int) -> tuple[int, int]:
     return start, min(start + per, intermediate)
 
 
+def _number_token(v: float) -> str:
+    """A number as an id token: 1.0 -> 1, 0.5 -> 0p5, -2.25 -> m2p25."""
+    text = f"{float(v):g}"
+    return text.replace("-", "m").replace(".", "p").replace("+", "")
+
+
 @dataclass(frozen=True)
 class Case:
     """One layer call. Build with ``make_case``; fields left out take the model's values."""
@@ -182,6 +188,11 @@ class Case:
         parts = [self.model, _LAYOUT_TOKEN[self.layout]]
         if self.activation != m.activation:
             parts.append(self.activation)
+        if self.activation == "swigluoai":  # its parameters, where they depart from the model's
+            for name, tok in (("alpha", "alpha"), ("beta", "beta"), ("limit", "lim")):
+                v = getattr(self, name)
+                if v != getattr(m, name):
+                    parts.append(tok + ("none" if v is None else _number_token(v)))
         if self.routing != m.routing:
             parts.append(self.routing.lower())
         if (self.hidden, self.intermediate, self.experts, self.top_k) != (m.hidden, m.intermediate, m.experts, m.top_k):

@@ -177,6 +177,56 @@ def _cmd_padding(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mutants(args: argparse.Namespace) -> int:
+    from mxmoe.harness.mutants import run_catalogue
+    from mxmoe.harness.platforms import device_for, host_arch, host_fingerprint
+    from mxmoe.harness.zoo import profile_cases
+
+    arch = host_arch()
+    cases = profile_cases(args.profile)
+    print(f"{_host_line(device_for(arch))} | arch {arch}")
+    print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
+    rows = run_catalogue(cases, arch)
+
+    def outcome(r: object) -> str:
+        parts = [f"FAIL x{r.fails}"] * bool(r.fails) + [f"ERROR x{r.errors}"] * bool(r.errors)
+        return ", ".join(parts) or "PASS"
+
+    def ratio(v: float) -> str:
+        return "inf" if v == float("inf") else f"{v:.3g}"
+
+    table = [
+        (
+            r.id.removeprefix("mutant-"),
+            r.verdict,
+            outcome(r),
+            r.first_catch or "-",
+            f"{r.fails + r.errors}/{r.runs}",
+            ratio(r.worst_ratio),
+            r.fault,
+        )
+        for r in rows
+    ]
+    headers = ("fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "what it does")
+    print(format_table(headers, table))
+    print(
+        "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
+        "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case"
+    )
+    bad = [r.id for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(
+            {"profile": args.profile, "arch": arch, "host": host_fingerprint(), "rows": [r.to_dict() for r in rows]},
+            f,
+            indent=1,
+        )
+    print(f"recorded: {args.json}")
+    if bad:
+        print(f"NOT AS EXPECTED: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
 def _cmd_bench_reference(args: argparse.Namespace) -> int:
     from mxmoe.harness.bench import bench_reference
 
@@ -485,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--moe-backend", choices=list(MOE_BACKENDS), default="auto", help="as vLLM's --moe-backend (default auto)"
     )
     p.set_defaults(fn=_cmd_select, parser=p)
+
+    p = sub.add_parser("mutants", help="the catalogue of faulty kernels and the honest variants: caught and clean?")
+    p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument("--json", default="results/mutants.json", help="where the matrix is recorded (default %(default)s)")
+    p.set_defaults(fn=_cmd_mutants, parser=p)
 
     p = sub.add_parser("padding", help="weight memory each backend's padding costs at gpt-oss TP 1, 2, 4, 8")
     p.add_argument("--json", default="results/padding.json", help="where the rows are recorded (default %(default)s)")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mxmoe.harness.backend import Backend, BackendUnavailable
-from mxmoe.harness.bounds import reference_and_bound
+from mxmoe.harness.bounds import Bounded, reference_and_bound
 from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs, make_inputs
 from mxmoe.harness.platforms import check_arch, device_for, host_arch
@@ -223,10 +223,13 @@ def run_case(
     arch: str,
     *,
     inputs: CaseInputs | None = None,
+    bounded: Bounded | None = None,
 ) -> tuple[Result, CaseInputs | None]:
     """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
     it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
-    before they were made."""
+    before they were made. ``bounded`` (the oracle and bound of these inputs under this
+    backend's declared arithmetic) may be passed by a caller that checks many backends of one
+    arithmetic on the same inputs."""
     check_arch(arch)
     d = backend.declaration
     result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
@@ -245,7 +248,7 @@ def run_case(
             result.reason = f"{d.id} cannot run here: {exc}"
             return result, None
         inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
-        bounded = reference_and_bound(inputs, d.arithmetic)
+        bounded = bounded if bounded is not None else reference_and_bound(inputs, d.arithmetic)
         before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
         out_dtype = d.arithmetic.precision.output
         shape = (case.tokens, case.hidden)

@@ -42,6 +42,7 @@ def _pr() -> list[Case]:
         make_case("small", 8, routing="Sigmoid"),
         make_case("small", 8, routing="MiniMax2", correction_bias=True, routed_scaling_factor=1.5),
         make_case("small", 8, activation="silu", limit=None),
+        make_case("small", 8, limit=1.0),  # a clamp that binds often: where clamp faults are material
         make_case("tiny", 8, layout="chunked_gate_up"),
         make_case("tiny", 8, bias=False),
         make_case("gptoss20b", 1),

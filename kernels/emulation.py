@@ -17,7 +17,7 @@ from mxmoe.harness.backend import Arithmetic, Backend, Declaration
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS
 from mxmoe.reference.activation import gated_activation
-from mxmoe.reference.moe import Precision, round_to
+from mxmoe.reference.moe import MoEWeights, Precision, round_to
 from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
 from mxmoe.reference.routing import route
 
@@ -45,13 +45,37 @@ class TorchMoE(Backend):
 
     def convert(self, inputs: CaseInputs) -> Prepared:
         """The declared conversion (row layout, padding), then an exact dequantization."""
-        w = self.convert_weights(inputs).logical()
+        w = self.prepare_weights(self.convert_weights(inputs).logical(), inputs)
         dt = _DTYPES[self.gemm]
         # One expert at a time: the float64 dequantization of all gpt-oss experts at once is 6 GB.
         w13 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w13_blocks, w.w13_scales)])
         w2 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w2_blocks, w.w2_scales)])
         b13 = None if w.w13_bias is None else w.w13_bias.float()
         return Prepared(w13, w2, b13, None if w.w2_bias is None else w.w2_bias.float())
+
+    def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
+        """The converted MXFP4 weights as this implementation reads them (a hook: the identity)."""
+        return w
+
+    def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(routing weights [T, k] float32, rounded as declared; local expert ids [T, k], -1 for
+        experts of other EP ranks)."""
+        case = inputs.case
+        routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
+        weights = round_to(routing.weights, self.declaration.arithmetic.precision.routing_weights).float()
+        ids = routing.ids
+        if inputs.expert_map is not None:
+            ids = inputs.expert_map.to(ids.device, torch.int64)[ids]
+        return weights, ids
+
+    def weight_on_input(self, inputs: CaseInputs) -> bool:
+        """Whether the routing weight scales GEMM1's input (Llama4) rather than the expert output."""
+        return inputs.case.routing == "Llama4"
+
+    def activate(self, h: torch.Tensor, inputs: CaseInputs) -> torch.Tensor:
+        """The gated activation of GEMM1's output (rows in the declared layout)."""
+        c = inputs.case
+        return gated_activation(h, c.activation, self.declaration.w13_layout, c.alpha, c.beta, c.limit)
 
     def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a @ w.T in the declared GEMM dtype, returned as float32."""
@@ -76,12 +100,8 @@ class TorchMoE(Backend):
         """Route, then per expert: GEMM1 + bias, activation, GEMM2 + bias; combine in float32."""
         case = inputs.case
         p = self.declaration.arithmetic.precision
-        routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
-        weights = round_to(routing.weights, p.routing_weights).float()
-        ids = routing.ids
-        if inputs.expert_map is not None:
-            ids = inputs.expert_map.to(ids.device, torch.int64)[ids]
-        on_input = case.routing == "Llama4"
+        weights, ids = self.route_tokens(inputs)
+        on_input = self.weight_on_input(inputs)
         x = inputs.x.float()
         x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
         acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=torch.float32, device=x.device)
@@ -96,8 +116,7 @@ class TorchMoE(Backend):
             if prepared.b13 is not None:
                 h = h + prepared.b13[e]
             h = self._round(h, p.gemm1_output, p)
-            a = gated_activation(h, case.activation, self.declaration.w13_layout, case.alpha, case.beta, case.limit)
-            a = self._round(a, p.intermediate, p)
+            a = self._round(self.activate(h, inputs), p.intermediate, p)
             y = self._gemm(a, prepared.w2[e])
             if prepared.b2 is not None:
                 y = y + prepared.b2[e]
