@@ -178,7 +178,7 @@ def _cmd_padding(args: argparse.Namespace) -> int:
 
 
 def _cmd_mutants(args: argparse.Namespace) -> int:
-    from mxmoe.harness.mutants import run_catalogue
+    from mxmoe.harness.mutants import PEER_RULES, run_catalogue
     from mxmoe.harness.platforms import device_for, host_arch, host_fingerprint
     from mxmoe.harness.zoo import profile_cases
 
@@ -203,15 +203,20 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
             r.first_catch or "-",
             f"{r.fails + r.errors}/{r.runs}",
             ratio(r.worst_ratio),
+            *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES),
             r.fault,
         )
         for r in rows
     ]
-    headers = ("fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "what it does")
+    headers = (
+        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "vLLM 80%/0.3",
+        "triton_kernels", "what it does",
+    )  # fmt: skip
     print(format_table(headers, table))
     print(
         "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
-        "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case"
+        "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
+        "\nvLLM 80%/0.3, triton_kernels: the cases of the same runs that those peers' acceptance rules reject"
     )
     bad = [r.id for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -57,6 +57,11 @@ class Metrics:
     """Elements that differ between the two runs."""
     over_rigorous: int = 0
     """Elements beyond even the rigorous (worst-case) bound: wrong for certain."""
+    within_30pct: float = 1.0
+    """Share of elements with |got - ref| <= 0.3 |got| (vLLM's test_ocp_mx_moe accepts >= 0.8)."""
+    rms_over_max_ref: float = 0.0
+    """sqrt(mean (got - ref)^2) / max |ref| (triton_kernels' tests accept <= 0.005, with
+    max_rel_err <= 0.025)."""
 
     def to_dict(self) -> dict[str, object]:
         """Plain data for the results file."""
@@ -149,16 +154,28 @@ def compare(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, poison_le
     m.max_abs_err = float(err.max())
     scale = float(ref[finite_ref].abs().max()) if bool(finite_ref.any()) else 0.0
     m.max_rel_err = m.max_abs_err / scale if scale > 0 else (0.0 if m.max_abs_err == 0 else math.inf)
+    m.within_30pct = float(((g - ref).abs() <= 0.3 * g.abs()).double().mean())
     if finite_err.numel() == err.numel():
         ref_rms = float(ref.pow(2).mean().sqrt())
         err_rms = float(err.pow(2).mean().sqrt())
         m.rms_rel_err = err_rms / ref_rms if ref_rms > 0 else (0.0 if err_rms == 0 else math.inf)
+        m.rms_over_max_ref = err_rms / scale if scale > 0 else (0.0 if err_rms == 0 else math.inf)
         num = float((g * ref).sum())
         den = float(g.norm() * ref.norm())
         m.cosine = num / den if den > 0 else (1.0 if float(g.norm()) == float(ref.norm()) else 0.0)
     else:
-        m.rms_rel_err, m.cosine = math.inf, math.nan
+        m.rms_rel_err, m.cosine, m.rms_over_max_ref = math.inf, math.nan, math.inf
     return m
+
+
+def peer_verdicts(m: Metrics) -> dict[str, bool]:
+    """Whether the peers' acceptance rules (SPEC section 9) would reject this output: vLLM's
+    test_ocp_mx_moe (80% of elements within 30% of the kernel's own output) and triton_kernels'
+    tests (max error <= 0.025 and RMS error <= 0.005, both over max |ref|)."""
+    return {
+        "vllm_80pct_0p3": m.within_30pct < 0.8,
+        "triton_kernels": not (m.max_rel_err <= 0.025 and m.rms_over_max_ref <= 0.005),
+    }
 
 
 def failure_message(result: Result, replay: str | None = None) -> str:

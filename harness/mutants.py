@@ -29,7 +29,7 @@ import torch
 from mxmoe.harness.backend import Backend
 from mxmoe.harness.bounds import reference_and_bound
 from mxmoe.harness.cases import Case
-from mxmoe.harness.engine import run_case
+from mxmoe.harness.engine import peer_verdicts, run_case
 from mxmoe.harness.honest import HONEST, HonestFp32
 from mxmoe.harness.inputs import CaseInputs, generator_for, make_inputs
 from mxmoe.harness.platforms import device_for
@@ -40,6 +40,8 @@ from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4, fake_quantize
 from mxmoe.reference.routing import route
 
 SPEC8 = "SPEC section 8"
+PEER_RULES = ("vllm_80pct_0p3", "triton_kernels")
+"""The peers' acceptance rules the matrix compares with (``engine.peer_verdicts``)."""
 
 
 class Mutant(HonestFp32):
@@ -520,6 +522,8 @@ class Row:
     first_catch: int | None = None
     """1-based count of cases run until the first FAIL or ERROR."""
     worst_ratio: float = 0.0
+    peer_catches: dict[str, int] = field(default_factory=dict)
+    """Peer rule -> cases run that it rejects (``engine.peer_verdicts``; an ERROR counts)."""
     seconds: float = 0.0
     outcomes: dict[str, str] = field(default_factory=dict)
     """Case id -> outcome, for every case run."""
@@ -587,8 +591,13 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                 elif result.outcome == "ERROR":
                     row.errors += 1
                     row.worst_ratio = math.inf
-                if result.metrics is not None:
+                if result.metrics is not None and result.outcome != "ERROR":
                     row.worst_ratio = max(row.worst_ratio, result.metrics.worst_ratio)
+                    rejected = peer_verdicts(result.metrics)
+                else:  # a peer's test sees the same exception
+                    rejected = dict.fromkeys(PEER_RULES, result.outcome == "ERROR")
+                for rule, bad in rejected.items():
+                    row.peer_catches[rule] = row.peer_catches.get(rule, 0) + int(bad)
                 if result.outcome in ("FAIL", "ERROR") and row.first_catch is None:
                     row.first_catch = row.runs
                 if log is not None:

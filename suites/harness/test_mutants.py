@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from mxmoe.harness.cli import main
 from mxmoe.harness.mutants import MUTANTS, Mutant
 from mxmoe.harness.zoo import profile_cases
@@ -22,13 +20,6 @@ ISSUE_LIST = {
 RAISES = {"mutant-nameerror-at-call", "mutant-import-nameerror"}
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mutants") / "mutants.json"
-    rc = main(["mutants", "--profile", "pr", "--json", str(path)])
-    return rc, {r["id"]: r for r in json.loads(path.read_text())["rows"]}
-
-
 def test_the_catalogue_has_every_fault_of_the_issue():
     slugs = {cls.slug for cls in MUTANTS} | {"import-nameerror"}
     assert ISSUE_LIST <= slugs, ISSUE_LIST - slugs
@@ -37,34 +28,40 @@ def test_the_catalogue_has_every_fault_of_the_issue():
         assert cls.declaration.id == f"mutant-{cls.slug}"
 
 
-def test_exit_status_says_all_as_expected(matrix):
-    rc, rows = matrix
-    assert rc == 0, [r["id"] for r in rows.values() if r["verdict"] in ("MISSED", "FALSE ALARM")]
 
+def test_the_matrix(tmp_path):
+    """One run of ``python -m harness mutants`` (about two minutes on a 2-core CPU; one test, so
+    that xdist does not run it once per worker), checked point by point."""
+    path = tmp_path / "mutants.json"
+    rc = main(["mutants", "--profile", "pr", "--json", str(path)])
+    rows = {r["id"]: r for r in json.loads(path.read_text())["rows"]}
+    n = len(profile_cases("pr"))
 
-def test_every_fault_is_caught_by_the_pr_profile(matrix):
-    _, rows = matrix
+    # every fault of the catalogue is caught by the PR profile, FAIL or ERROR as fits
     faults = [r for r in rows.values() if r["kind"] == "mutant"]
-    assert len(faults) == len(ISSUE_LIST) - 1 + len({c.slug for c in MUTANTS} - ISSUE_LIST)
+    assert len(faults) == len(MUTANTS) - 1 + 1  # the control is not a fault; the import failure is one
     for r in faults:
         assert r["caught"], f"{r['id']} was not caught: {r['fault']}"
         first = [o for o in r["outcomes"].values() if o != "PASS"][0]
         assert first == ("ERROR" if r["id"] in RAISES else "FAIL"), (r["id"], first)
 
-
-def test_no_false_alarm_from_honest_variants_or_the_control(matrix):
-    _, rows = matrix
+    # no false alarm from the honest variants or the control, in the same run, on every case
     clean = [r for r in rows.values() if r["kind"] in ("honest", "control")]
     assert len(clean) == 6
-    n = len(profile_cases("pr"))
     for r in clean:
         assert r["runs"] + r["skips"] == n, r["id"]
         assert r["fails"] == r["errors"] == 0, f"false alarm: {r['id']} {r['outcomes']}"
         assert 0 < r["worst_ratio"] < 1
 
-
-def test_routing_weights_bf16_is_reported_with_its_rate(matrix):
-    _, rows = matrix
+    # the hard one is run on every case and reported with its rate
     r = rows["mutant-routing-weights-bf16"]
-    assert r["runs"] + r["skips"] == len(profile_cases("pr")), "run on every case, for its rate"
-    assert 0 < r["fails"] < r["runs"]  # the hard one: caught on some cases only, and said so
+    assert r["runs"] + r["skips"] == n
+    assert 0 < r["fails"] < r["runs"]
+
+    # SPEC section 9: vLLM's 80%-within-0.3 rule lets several of these through; all are caught here
+    assert all(set(r["peer_catches"]) == {"vllm_80pct_0p3", "triton_kernels"} for r in rows.values())
+    let_through = [r["id"] for r in faults if r["peer_catches"]["vllm_80pct_0p3"] == 0]
+    assert len(let_through) >= 5, let_through
+    assert rows["mutant-nameerror-at-call"]["peer_catches"]["vllm_80pct_0p3"] == 1  # an exception fails any test
+
+    assert rc == 0, [r["id"] for r in rows.values() if r["verdict"] in ("MISSED", "FALSE ALARM")]
