@@ -79,7 +79,11 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
         return 1
     # Part 2: every default backend on this host's architecture, over the PR profile.
     print("\ndifferential check of the default backends on this host (profile pr)\n", flush=True)
-    return main(["check", "--profile", "pr", "--results", args.results])
+    checked = main(["check", "--profile", "pr", "--results", args.results])
+    # Part 3: detection power: the catalogue of faulty kernels is caught, the honest variants are not.
+    print("\ndetection power: the catalogue of faulty kernels and the honest variants (profile pr)\n", flush=True)
+    mutants = main(["mutants", "--profile", "pr", "--json", os.path.join(args.results, "mutants.json")])
+    return max(checked, mutants)
 
 
 def _cmd_bench_backend(args: argparse.Namespace) -> int:
@@ -183,7 +187,9 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
     from mxmoe.harness.zoo import profile_cases
 
     arch = host_arch()
-    cases = profile_cases(args.profile)
+    cases = [c for c in profile_cases(args.profile) if all(k in c.id for k in args.k)]
+    if not cases:
+        raise UsageError(f"-k {' -k '.join(args.k)} selects none of the {args.profile} profile's cases")
     print(f"{_host_line(device_for(arch))} | arch {arch}")
     print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
     rows = run_catalogue(cases, arch)
@@ -544,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mutants", help="the catalogue of faulty kernels and the honest variants: caught and clean?")
     p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
     p.add_argument("--json", default="results/mutants.json", help="where the matrix is recorded (default %(default)s)")
+    p.add_argument(
+        "-k", action="append", default=[], metavar="SUBSTRING", help="keep case ids containing it (repeatable: all)"
+    )
     p.set_defaults(fn=_cmd_mutants, parser=p)
 
     p = sub.add_parser("padding", help="weight memory each backend's padding costs at gpt-oss TP 1, 2, 4, 8")

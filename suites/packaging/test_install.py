@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DESIGN_FOLDERS = ("harness", "reference", "kernels", "reports")
 
 
-def _run(code: str, cwd: Path, env_path: str | None = None) -> str:
+def _run(code: str, cwd: Path, env_path: str | None = None, timeout: float = 300) -> str:
     env = dict(os.environ)
     if env_path is None:
         env.pop("PYTHONPATH", None)
     else:
         env["PYTHONPATH"] = env_path
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-c", code]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"python -c failed in {cwd}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout.strip()
 
@@ -74,8 +75,9 @@ def test_import_from_an_install(installed: Path, tmp_path: Path):
 
 
 def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path):
-    out = _run("import sys; from mxmoe.harness.cli import main; sys.exit(main(['signoff']))", tmp_path, str(installed))
-    assert "0 failed" in out
+    code = "import sys; from mxmoe.harness.cli import main; sys.exit(main(['signoff']))"
+    out = _run(code, tmp_path, str(installed), timeout=1200)  # the whole main job: several minutes on 2 cores
+    assert "0 failed" in out and "recorded: results/mutants.json" in out
 
 
 def test_import_from_a_checkout():
