@@ -121,13 +121,16 @@ class CaseInputs:
             kw["routed_scaling_factor"] = self.case.routed_scaling_factor
         return kw
 
-    def reference(self, precision: Precision = EXACT) -> torch.Tensor:
-        """The oracle's output for these inputs (float64 unless ``precision.output`` says else)."""
+    def reference(self, precision: Precision = EXACT, weights: MoEWeights | None = None) -> torch.Tensor:
+        """The oracle's output for these inputs (float64 unless ``precision.output`` says else).
+        ``weights`` replaces the canonical weights (a backend's converted ones, in its declared row
+        layout); where they are padded wider, x is zero-padded to match and the output is as wide."""
         c = self.case
+        w = self.weights if weights is None else weights
         return moe(
-            self.x,
+            torch.nn.functional.pad(self.x, (0, w.hidden_size - self.x.shape[1])),
             self.router_logits,
-            self.weights,
+            w,
             top_k=c.top_k,
             routing_method=c.routing,
             activation=c.activation,

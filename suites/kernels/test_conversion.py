@@ -15,7 +15,6 @@ from mxmoe.harness.cases import make_case
 from mxmoe.harness.convert import ROLES
 from mxmoe.harness.inputs import make_inputs
 from mxmoe.harness.registry import discover
-from mxmoe.reference.moe import moe
 
 BACKENDS = [item.backend for item in discover() if item.backend.declaration.kind == "backend"]
 CASES = [
@@ -79,22 +78,7 @@ def test_convert_round_trip_zero_padding_inputs_untouched(backend, case):
 
 
 def _oracle(inputs, weights, precision):
-    c = inputs.case
-    x = torch.nn.functional.pad(inputs.x, (0, weights.hidden_size - inputs.x.shape[1]))
-    return moe(
-        x,
-        inputs.router_logits,
-        weights,
-        top_k=c.top_k,
-        routing_method=c.routing,
-        activation=c.activation,
-        alpha=c.alpha,
-        beta=c.beta,
-        limit=c.limit,
-        expert_map=inputs.expert_map,
-        precision=dataclasses.replace(precision, output=torch.float64),
-        **inputs.routing_kwargs,
-    )
+    return inputs.reference(dataclasses.replace(precision, output=torch.float64), weights=weights)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
