@@ -176,35 +176,3 @@ def convert_weights(w: MoEWeights, target: Target) -> Converted:
         source_bias_dtype=None if bias is None else bias.dtype,
         shapes=tuple(shapes),
     )
-
-
-# Storage steps shared by several backends ---------------------------------------------------
-
-
-def transpose_last2() -> Storage:
-    """[E, N, K] -> [E, K, N] for the blocks and scales (kernels that read weights K-major)."""
-    return Storage(
-        "transpose",
-        ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales"),
-        lambda t, role: t.transpose(-2, -1).contiguous(),
-        lambda t, role, shape: t.transpose(-2, -1).contiguous(),
-        "blocks and scales stored [E, K, N] (reduction dimension first)",
-    )
-
-
-def pad_dim(dim: int, multiple: int, roles: tuple[str, ...], name: str) -> Storage:
-    """Zero-pad dimension ``dim`` of ``roles`` up to a multiple of ``multiple``."""
-
-    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
-        d = dim % t.dim()
-        extra = round_up(t.shape[d], multiple) - t.shape[d]
-        if not extra:
-            return t
-        shape = list(t.shape)
-        shape[d] = extra
-        return torch.cat([t, t.new_zeros(shape)], dim=d)
-
-    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
-        return t.narrow(dim % t.dim(), 0, shape[dim % t.dim()]).contiguous()
-
-    return Storage(name, roles, fwd, inv, f"dimension {dim} zero-padded to a multiple of {multiple}")

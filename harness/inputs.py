@@ -14,7 +14,7 @@ from mxmoe.harness.cases import Case
 from mxmoe.reference.activation import gate_up_rows
 from mxmoe.reference.moe import EXACT, MoEWeights, Precision, moe
 from mxmoe.reference.mxfp4 import BLOCK
-from mxmoe.reference.routing import topk_margin
+from mxmoe.reference.routing import Routing, route, topk_margin
 
 
 def seed_for(case_id: str) -> int:
@@ -120,6 +120,17 @@ class CaseInputs:
         if self.case.routing in ("DeepSeekV3", "MiniMax2"):
             kw["routed_scaling_factor"] = self.case.routed_scaling_factor
         return kw
+
+    def routing(self) -> Routing:
+        """The case's routing (float64 weights, global expert ids), as the oracle routes."""
+        c = self.case
+        return route(self.router_logits, c.top_k, c.routing, **self.routing_kwargs)
+
+    def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids as this EP rank's local indices (-1: another rank's expert)."""
+        if self.expert_map is None:
+            return ids
+        return self.expert_map.to(ids.device, torch.int64)[ids]
 
     def reference(self, precision: Precision = EXACT, weights: MoEWeights | None = None) -> torch.Tensor:
         """The oracle's output for these inputs (float64 unless ``precision.output`` says else).

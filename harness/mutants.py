@@ -69,9 +69,8 @@ class Mutant(HonestFp32):
 
 def busiest_expert(inputs: CaseInputs) -> int:
     """The local expert with the largest total routing weight."""
-    c = inputs.case
-    r = route(inputs.router_logits, c.top_k, c.routing, **inputs.routing_kwargs)
-    ids = r.ids if inputs.expert_map is None else inputs.expert_map.to(r.ids.device).long()[r.ids]
+    r = inputs.routing()
+    ids = inputs.local_ids(r.ids)
     total = torch.zeros(inputs.weights.num_experts, dtype=torch.float64, device=ids.device)
     keep = ids >= 0
     return int(total.index_add_(0, ids[keep], r.weights[keep].abs()).argmax())
@@ -194,8 +193,7 @@ class HardcodedRenormalize(Mutant):
 
     def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
         r = route(inputs.router_logits, inputs.case.top_k, "Renormalize")
-        ids = r.ids if inputs.expert_map is None else inputs.expert_map.to(r.ids.device).long()[r.ids]
-        return r.weights.float(), ids
+        return r.weights.float(), inputs.local_ids(r.ids)
 
 
 class NotRenormalized(Mutant):
@@ -206,7 +204,7 @@ class NotRenormalized(Mutant):
         weights, ids = super().route_tokens(inputs)
         c = inputs.case
         logits = inputs.router_logits.double()
-        r = route(inputs.router_logits, c.top_k, c.routing, **inputs.routing_kwargs)
+        r = inputs.routing()
         if c.routing in ("Renormalize", "RenormalizeNaive"):
             weights = torch.softmax(logits, dim=-1).gather(1, r.ids).float()
         elif c.routing in ("DeepSeekV3", "MiniMax2", "SigmoidRenorm"):
@@ -224,7 +222,7 @@ class CorrectionBiasInWeights(Mutant):
         c = inputs.case
         if inputs.correction_bias is None:
             return weights, ids
-        r = route(inputs.router_logits, c.top_k, c.routing, **inputs.routing_kwargs)
+        r = inputs.routing()
         biased = (torch.sigmoid(inputs.router_logits.double()) + inputs.correction_bias.double()).gather(1, r.ids)
         return (biased / (biased.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor).float(), ids
 
@@ -261,10 +259,8 @@ class ExpertMapIgnored(Mutant):
     reference = "vLLM PR #37128: DP/EP failures during the MXFP4 oracle refactor"
 
     def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        c = inputs.case
-        r = route(inputs.router_logits, c.top_k, c.routing, **inputs.routing_kwargs)
         weights, _ = super().route_tokens(inputs)
-        return weights, r.ids
+        return weights, inputs.routing().ids
 
 
 class TiesOtherWay(Mutant):
@@ -278,10 +274,7 @@ class TiesOtherWay(Mutant):
         if kw.get("correction_bias") is not None:
             kw["correction_bias"] = kw["correction_bias"].flip(-1)
         r = route(inputs.router_logits.flip(-1), c.top_k, c.routing, **kw)
-        ids = inputs.router_logits.shape[1] - 1 - r.ids
-        if inputs.expert_map is not None:
-            ids = inputs.expert_map.to(ids.device).long()[ids]
-        return r.weights.float(), ids
+        return r.weights.float(), inputs.local_ids(inputs.router_logits.shape[1] - 1 - r.ids)
 
 
 # -- activation ---------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from mxmoe.harness.platforms import ARCHS
 from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import MoEWeights, Precision, round_to
 from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
-from mxmoe.reference.routing import route
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -60,13 +59,9 @@ class TorchMoE(Backend):
     def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(routing weights [T, k] float32, rounded as declared; local expert ids [T, k], -1 for
         experts of other EP ranks)."""
-        case = inputs.case
-        routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
+        routing = inputs.routing()
         weights = round_to(routing.weights, self.declaration.arithmetic.precision.routing_weights).float()
-        ids = routing.ids
-        if inputs.expert_map is not None:
-            ids = inputs.expert_map.to(ids.device, torch.int64)[ids]
-        return weights, ids
+        return weights, inputs.local_ids(routing.ids)
 
     def weight_on_input(self, inputs: CaseInputs) -> bool:
         """Whether the routing weight scales GEMM1's input (Llama4) rather than the expert output."""

@@ -31,7 +31,6 @@ from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS, host_arch, use_triton_interpreter_without_gpu
 from mxmoe.reference.moe import MoEWeights, Precision, round_to
-from mxmoe.reference.routing import route
 
 _TRITON_ARCHS = ARCHS
 """Everywhere Triton runs: compiled on the GPUs, interpreted on ``cpu``."""
@@ -156,11 +155,9 @@ class PortableTriton(Backend):
         dev = inputs.x.device
         e_local, two_i, _ = w.w13_blocks.shape
         hp, ip = 2 * w.w13_blocks.shape[2], two_i // 2
-        routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
+        routing = inputs.routing()
         weights = round_to(routing.weights, "fp32").to(torch.float32).reshape(-1).contiguous()
-        ids = routing.ids
-        if inputs.expert_map is not None:
-            ids = inputs.expert_map.to(dev, torch.int64)[ids]
+        ids = inputs.local_ids(routing.ids)
         t = case.tokens
         pairs_total = t * case.top_k
         interp = self._interpreted()
