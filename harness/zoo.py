@@ -7,7 +7,8 @@ run where is decided by the backends' declarations and the host, never by the li
   itself at T=1 (H/32 = 90, whole and as an uneven TP8 shard).
 * ``nightly``: a grid over the same structures with many more token counts, distributions and
   seeds (replicas), plus the production shapes (gpt-oss-20b and -120b, DeepSeek-V3) at
-  T = 1, 7, 128, 4096, meant for GPUs.
+  T = 1, 7, 128, 4096 (gpt-oss under both Renormalize and RenormalizeNaive), gpt-oss TP and EP
+  shards, meant for GPUs.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def _nightly() -> list[Case]:
         cases.append(make_case("tiny", t, routing="Llama4", top_k=1, activation="silu", limit=None, replica=rep))
     for m, t in itertools.product(BIG_MODELS, (1, 7, 128, 4096)):
         cases.append(make_case(m, t))
+    for m, t in itertools.product(BIG_MODELS[:2], (1, 7, 128, 4096)):  # vLLM's other GPT-OSS routing path
+        cases.append(make_case(m, t, routing="RenormalizeNaive"))
     cases += [make_case("gptoss120b", 128, tp=8, tp_rank=r) for r in (0, 7)]
+    cases += [make_case("gptoss120b", 128, ep=4, ep_rank=r) for r in (0, 3)]
     cases += [make_case("gptoss20b", 128, tp=4, tp_rank=r) for r in (0, 3)]
     return cases
 

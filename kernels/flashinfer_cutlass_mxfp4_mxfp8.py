@@ -1,30 +1,47 @@
 """FLASHINFER_CUTLASS_MXFP4_MXFP8: FlashInfer's CUTLASS fused MoE, MXFP4 weights x MXFP8 activations (Blackwell)
 
-Kernel: flashinfer.fused_moe.cutlass_fused_moe with MXFP8 activations (modular: vLLM routes).
-Weights: w13 rows chunked [up; gate], hidden and intermediate padded to 128, bf16 biases,
-weights as loaded, scales in 128x4 tiles (block_scale_interleave; no padding after the 128
-round-ups).
+vLLM 0.26 takes this scheme wherever ``has_device_capability(100)``: the SM10x and SM12x
+(RTX PRO 6000, DGX Spark) families; FlashInfer builds the SM12x kernel as its own JIT module.
+
+Kernel: ``flashinfer.fused_moe.cutlass_fused_moe`` with ``use_mxfp8_act_scaling`` (modular: the
+engine routes), called as vLLM 0.26's ``FlashInferExperts`` calls it: x quantized to MXFP8 by
+FlashInfer's ``mxfp8_quantize`` with 128x4-swizzled scales; weights as int64 views of the
+packed bytes, scales as int32 views, and float32 ones for the two global scales
+(``quant_scales = [w13 scales, 1, w2 scales, 1]``). Weights: w13 rows chunked [up; gate], hidden
+and intermediate padded to 128, bf16 biases, weights as loaded, scales in 128x4 tiles
+(block_scale_interleave; no padding after the 128 round-ups). Not run on hardware here (no
+Blackwell).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration, VendorKernel
+from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.convert import Converted
+from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels import storage
+from mxmoe.kernels.flashinfer_common import FlashInferKernel
 from mxmoe.reference.moe import Precision
 
 
-class FlashInferCutlassMxfp4Mxfp8(VendorKernel):
+class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
     """FLASHINFER_CUTLASS_MXFP4_MXFP8 (see the module docstring)."""
 
-    package = "flashinfer"
-    pip_name = "flashinfer-python"
     kernel = "flashinfer.fused_moe.cutlass_fused_moe"
+    jit_module = "fused_moe_100"
+
+    def check_call(self) -> None:
+        """As FlashInferKernel, with the JIT module of this host's family (fused_moe_100 / _120)."""
+        from mxmoe.harness.platforms import host_arch
+
+        self.jit_module = "fused_moe_120" if host_arch() == "sm120" else "fused_moe_100"
+        super().check_call()
+
     storage = (storage.swizzle_128x4(view_fp8=False),)
     declaration = Declaration(
         id="flashinfer-cutlass-mxfp4-mxfp8",
-        archs=("sm100",),
+        archs=("sm100", "sm120"),  # vLLM: SM10x and SM12x (found by `vllm-drift`; SPEC lists sm100)
         description="FlashInfer CUTLASS fused MoE, MXFP8 activations",
         quant="w4a8-mxfp8",
         w13_layout="chunked_up_gate",
@@ -35,3 +52,23 @@ class FlashInferCutlassMxfp4Mxfp8(VendorKernel):
             precision=Precision(activation_input="mxfp8", intermediate="mxfp8", output=torch.bfloat16),
         ),
     )
+
+    def run(self, prepared: Converted, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """MXFP8-quantize x (FlashInfer's own quantizer), then one ``cutlass_fused_moe`` call."""
+        import flashinfer
+
+        t = prepared.tensors
+        x = self.padded_x(prepared, inputs)
+        xq, xs = flashinfer.mxfp8_quantize(x, is_sf_swizzled_layout=True, alignment=32)
+        ones = torch.ones(t["w13_blocks"].shape[0], dtype=torch.float32, device=x.device)
+        output = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+        self._fi.cutlass_fused_moe(
+            input=xq,
+            input_sf=xs,
+            fc1_expert_weights=t["w13_blocks"].contiguous().view(torch.long),
+            fc2_expert_weights=t["w2_blocks"].contiguous().view(torch.long),
+            quant_scales=[t["w13_scales"].view(torch.int32), ones, t["w2_scales"].view(torch.int32), ones],
+            use_mxfp8_act_scaling=True,
+            **self.cutlass_common(prepared, inputs, output),
+        )
+        out.copy_(output[:, : out.shape[1]])

@@ -1,28 +1,37 @@
 """TRITON_UNFUSED: OpenAI triton_kernels' matmul_ogs with a separate activation
 
-Kernel: two triton_kernels.matmul_ogs calls with vLLM's activation between them (modular: vLLM
-routes), so the GEMM1 output is stored in bf16. Weights: w13 rows chunked [gate; up], the hidden
-size unchanged and the intermediate padded to 64, float32 biases, blocks and scales transposed
-to [E, K, N]; the architecture's swizzles are triton_kernels' own layout conversion, run by the
-adapter.
+Kernel: two ``triton_kernels.matmul_ogs`` calls (v3.5.1; ``harness.vendor``) with the activation
+between them, as vLLM's ``UnfusedOAITritonExperts`` (modular: the engine routes) runs them:
+GEMM1 stores its output (plus the float32 bias) in bf16 in expert order; the rows are gathered
+back to token order for the activation, then re-sorted for GEMM2; GEMM2 runs with one expert per
+row (``n_expts_act`` = 1, no fused sum) and the routing weight as ``gammas``, each (token, slot)
+row stored in bf16; the top-k rows of each token are summed in float32, skipping slots of other
+EP ranks. The activation and the sum are vLLM's own CUDA/Triton ops (``swigluoai_and_mul``,
+``silu_and_mul_with_clamp``, ``masked_moe_sum``), which need vLLM: they are done here in torch
+with the same arithmetic (float32 from bf16, rounded to bf16), and only the GEMMs are the vendor's.
+
+Weights: w13 rows chunked [gate; up] (vLLM keeps a standard checkpoint's rows; for GPT-OSS's
+interleaved checkpoint vLLM 0.26 keeps them interleaved and uses the interleaved activation: the
+GEMMs are the same, only which columns the activation pairs differs), the hidden size unchanged
+and the intermediate padded to 64, float32 biases, blocks and scales as [E, K, N] views, then
+triton_kernels' layout conversion (``kernels.oai_triton``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration, VendorKernel
-from mxmoe.kernels import storage
+from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared, unfused_activation
 from mxmoe.reference.moe import Precision
 
 
-class OaiTritonUnfused(VendorKernel):
+class OaiTritonUnfused(OaiTritonBase):
     """TRITON_UNFUSED (see the module docstring)."""
 
-    package = "triton_kernels"
-    pip_name = "none: vLLM vendors it as vllm.third_party.triton_kernels"
     kernel = "triton_kernels.matmul_ogs + separate activation"
-    storage = (storage.transpose(),)
+    routes_in_kernel = False
     declaration = Declaration(
         id="triton-unfused",
         archs=("sm90", "sm100", "gfx942", "gfx950"),
@@ -31,8 +40,40 @@ class OaiTritonUnfused(VendorKernel):
         w13_layout="chunked_gate_up",
         intermediate_align=64,
         bias_dtype="fp32",
+        router_weight_on_input=False,
         vllm_backend="TRITON_UNFUSED",
         arithmetic=Arithmetic(
-            precision=Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", output=torch.bfloat16),
+            precision=Precision(
+                gemm1_output="bf16",
+                intermediate="bf16",
+                expert_output="bf16",
+                routing_weights="bf16",
+                output=torch.bfloat16,
+            ),
         ),
     )
+
+    def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """GEMM1, activation, GEMM2 per (token, slot), masked float32 sum into ``out``."""
+        tk = prepared.tk
+        case = inputs.case
+        mo = tk.matmul_ogs
+        if case.tokens == 0:  # an empty batch: nothing to compute (matmul_ogs takes no empty routing)
+            return
+        rd, gather, scatter, ids, x = self.begin(prepared, inputs)
+        t, n = x.shape[0], prepared.w13.shape[-1]
+        k = prepared.hidden
+        gemm1 = torch.empty(1, t * case.top_k, n, dtype=torch.bfloat16, device=x.device)
+        mo.matmul_ogs(x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13, y=gemm1)
+        act_in = gemm1.view(-1, n)[gather.dst_indx.to(torch.int64)]
+        act = unfused_activation(act_in, case, self.declaration.w13_layout)
+        rd.n_expts_act = 1  # one row per (token, slot): the sum over the top-k is done below
+        rows = torch.empty(1, t * case.top_k, k, dtype=torch.bfloat16, device=x.device)
+        mo.matmul_ogs(
+            act[gather.src_indx.to(torch.int64)], prepared.w2, prepared.b2, rd, scatter_indx=scatter,
+            precision_config=prepared.pc2, gammas=rd.gate_scal, y=rows,
+        )  # fmt: skip
+        rows = rows.view(t, case.top_k, k).float()
+        valid = (ids >= 0).view(t, case.top_k, 1)
+        summed = torch.where(valid, rows, torch.zeros_like(rows)).sum(dim=1)
+        out.copy_(summed[:, : out.shape[1]].to(out.dtype))

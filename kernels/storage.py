@@ -139,15 +139,120 @@ def sm90_weight_interleave() -> Storage:
     return Storage("sm90-weight-interleave", BLOCKS, fwd, inv, "nibbles of row pairs (r, r+8) interleaved per 64")
 
 
+def sm90_scale_fold() -> Storage:
+    """The "folded" scale layout of FlashInfer's SM90 mixed-input CUTLASS MoE from 0.6.16
+    (``interleave_moe_scales_for_sm90_mixed_gemm`` in ``fused_moe/prepare.py``, PR #3738): per
+    64 rows, 4 slices of 16 rows folded side by side, each holding the 4 scale bytes of 128
+    elements of K: [E, R, K/32] -> [E, R/64, K/128, 16, 16], out[e, rb, kb, fm, 4 ms + g] =
+    s[e, 64 rb + 16 ms + fm, 4 kb + g]. Needs R % 64 == 0 and K/32 % 4 == 0."""
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, r, c = t.shape
+        if r % 64 or c % 4:
+            raise ValueError(
+                f"the SM90 scale fold (FlashInfer >= 0.6.16) needs R % 64 == 0 and K/32 % 4 == 0, got {r} x {c}"
+            )
+        return (
+            t.reshape(e, r // 64, 4, 16, c // 4, 4)
+            .permute(0, 1, 4, 3, 2, 5)
+            .reshape(e, r // 64, c // 4, 16, 16)
+            .contiguous()
+        )
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, r, c = shape
+        return t.reshape(e, r // 64, c // 4, 16, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(e, r, c).contiguous()
+
+    return Storage("sm90-scale-fold", SCALES, fwd, inv, "scales [E, R/64, K/128, 16, 16] (FlashInfer >= 0.6.16)")
+
+
+SM90_REPACK_MASKS = (
+    (0x80, 24), (0x70, 18), (0x08, 12), (0x07, 6), (0x8000, 13), (0x7000, 7), (0x0800, 1), (0x0700, -5),
+    (0x800000, 2), (0x700000, -4), (0x080000, -10), (0x070000, -16), (0x80000000, -1), (0x10000000, 1),
+    (0x60000000, -3), (0x08000000, -13), (0x01000000, -11), (0x06000000, -15),
+)  # fmt: skip
+"""(source mask, left shift) of FlashInfer 0.6.16's SM90 weight repack kernel
+(``moe_gemm_mixed_utils.cu``): where each bit of a 32-bit word of four source bytes goes."""
+
+
+@functools.lru_cache(maxsize=1)
+def sm90_repack_bits() -> tuple[int, ...]:
+    """Destination bit of each source bit 0..31 of the 0.6.16 repack; a permutation of 0..31
+    (checked here: the masks cover every bit once and land on distinct bits)."""
+    dst = [-1] * 32
+    for mask, shift in SM90_REPACK_MASKS:
+        for b in range(32):
+            if mask >> b & 1:
+                if dst[b] != -1:
+                    raise AssertionError(f"bit {b} appears in two repack masks")
+                dst[b] = b + shift
+    if sorted(dst) != list(range(32)):
+        raise AssertionError(f"the SM90 repack masks are not a permutation of 32 bits: {dst}")
+    return tuple(dst)
+
+
+def _permute_bits(raw: torch.Tensor, dst: tuple[int, ...]) -> torch.Tensor:
+    out = torch.zeros_like(raw)
+    for b, d in enumerate(dst):
+        out |= ((raw >> b) & 1) << d
+    return out
+
+
+def sm90_weight_repack() -> Storage:
+    """FlashInfer 0.6.16's SM90 mixed-input weight layout (``interleave_moe_weights_for_sm90_mixed_gemm``
+    with "fp4", a CUDA kernel there): within each 16-row group rows r and r + 8, and within each
+    32-byte partition of a row the bytes c and c + 4 of each 8-byte MMA slice, form a 32-bit word
+    (r[c], r+8[c], r[c+4], r+8[c+4], little endian) whose bits are permuted
+    (``SM90_REPACK_MASKS``); the word of MMA slice m lands in row r + 8 (m % 2), at byte 16 (m // 2)
+    + 4 j of the partition. Needs rows % 16 == 0 and K % 64 == 0."""
+    dst = sm90_repack_bits()
+    inv_dst = tuple(dst.index(b) for b in range(32))
+
+    def dims(t: torch.Tensor) -> tuple[int, int, int]:
+        e, n, kb = t.shape
+        if n % 16 or kb % 32:
+            raise ValueError(
+                f"the SM90 weight repack (FlashInfer >= 0.6.16) needs rows % 16 == 0 and K % 64 == 0, got {n}x{2 * kb}"
+            )
+        return e, n, kb
+
+    def fwd(t: torch.Tensor, role: str) -> torch.Tensor:
+        e, n, kb = dims(t)
+        x = t.reshape(e, n // 16, 2, 8, kb // 32, 4, 2, 4).to(torch.int64)  # [E, g, half, r, p, mma, hi4, j]
+        lo, hi = x[:, :, 0], x[:, :, 1]
+        raw = lo[..., 0, :] | (hi[..., 0, :] << 8) | (lo[..., 1, :] << 16) | (hi[..., 1, :] << 24)
+        v = _permute_bits(raw, dst)  # [E, g, r, p, mma, j]
+        by = torch.stack([(v >> (8 * i)) & 0xFF for i in range(4)], -1)
+        by = by.reshape(e, n // 16, 8, kb // 32, 2, 2, 4, 4)  # mma -> (mma // 2, mma % 2)
+        return by.permute(0, 1, 5, 2, 3, 4, 6, 7).reshape(e, n, kb).to(torch.uint8).contiguous()
+
+    def inv(t: torch.Tensor, role: str, shape: torch.Size) -> torch.Tensor:
+        e, n, kb = dims(t)
+        by = t.reshape(e, n // 16, 2, 8, kb // 32, 2, 4, 4).to(torch.int64)  # [E, g, m%2, r, p, m//2, j, byte]
+        by = by.permute(0, 1, 3, 4, 5, 2, 6, 7).reshape(e, n // 16, 8, kb // 32, 4, 4, 4)
+        v = sum(by[..., i] << (8 * i) for i in range(4))
+        raw = _permute_bits(v, inv_dst)
+        parts = [(raw >> (8 * i)) & 0xFF for i in range(4)]  # lo[c], hi[c], lo[c+4], hi[c+4]
+        lo = torch.stack([parts[0], parts[2]], dim=-2)  # [E, g, r, p, mma, hi4, j]
+        hi = torch.stack([parts[1], parts[3]], dim=-2)
+        x = torch.stack([lo, hi], dim=2)  # [E, g, half, r, p, mma, hi4, j]
+        return x.reshape(e, n, kb).to(torch.uint8).contiguous()
+
+    return Storage("sm90-weight-repack", BLOCKS, fwd, inv, "bit-level repack of row pairs (FlashInfer >= 0.6.16)")
+
+
 def transpose() -> Storage:
-    """[E, N, K] -> [E, K, N] for blocks and scales: how OpenAI triton_kernels takes MXFP4
-    weights (``w.transpose(-2, -1)`` before its layout conversion)."""
+    """[E, N, K] -> [E, K, N] for blocks and scales, as a VIEW of the [E, N, K] memory: how OpenAI
+    triton_kernels takes MXFP4 weights (vLLM's ``w.transpose(-2, -1)`` before the layout
+    conversion). The packed reduction dimension must stay the contiguous one: triton_kernels'
+    ``wrap_torch_tensor`` doubles the stride-1 dimension of an FP4 tensor, so a contiguous
+    [E, K/2, N] copy would be read as N doubled."""
     return Storage(
         "transpose",
         W,
-        lambda t, role: t.transpose(-2, -1).contiguous(),
-        lambda t, role, shape: t.transpose(-2, -1).contiguous(),
-        "blocks and scales [E, K, N] (reduction dimension first)",
+        lambda t, role: t.transpose(-2, -1),
+        lambda t, role, shape: t.transpose(-2, -1),
+        "blocks and scales [E, K, N] (reduction dimension first), K contiguous",
     )
 
 

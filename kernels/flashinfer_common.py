@@ -1,0 +1,190 @@
+"""What the four FlashInfer adapters share: the installed version and the SM90 layouts it takes,
+enum members by name, and whether a kernel can be called here without an hour of compiling.
+
+FlashInfer's SM90 mixed-input CUTLASS MoE (MXFP4 weights x bf16 activations) changed its weight
+and scale layouts twice: up to 0.6.9 it read plain packed weights and scales interleaved to
+[E, K/128, 4R]; 0.6.10 to 0.6.15 interleave the nibbles of row pairs (r, r + 8) as well; 0.6.16
+repacks the weights bit by bit and folds the scales to [E, R/64, K/128, 16, 16]. A converter
+that gets the version wrong returns garbage without an error (FlashInfer issue #3334 and vLLM
+PR #46915: GPQA 0.0 on H100/H200), so the adapter picks the layout from the installed version.
+Layouts agree for K = 128 and differ beyond, which is why the project's tests use K > 128.
+
+Enums are passed as members looked up by name (``RoutingMethodType[...]``): their integer values
+moved between releases (0.6.9 had ``Unspecified = 8``; 0.6.14 has ``Sigmoid = 8``), and a
+hard-coded integer was a shipped bug (SPEC section 8).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from types import ModuleType
+from typing import ClassVar
+
+import torch
+
+from mxmoe.harness.backend import BackendUnavailable, VendorKernel
+from mxmoe.harness.convert import Converted, Storage
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import host_arch
+from mxmoe.kernels import storage
+from mxmoe.reference.moe import round_to
+
+SM90_LAYOUTS: dict[str, tuple[Storage, ...]] = {
+    "0.6.9": (storage.sm90_scale_interleave(),),
+    "0.6.10": (storage.sm90_weight_interleave(), storage.sm90_scale_interleave()),
+    "0.6.16": (storage.sm90_weight_repack(), storage.sm90_scale_fold()),
+}
+"""The storage steps of the SM90 mixed-input MoE's weights and scales, by the first release of
+each layout generation."""
+DEFAULT_SM90_GENERATION = "0.6.10"
+"""Where FlashInfer is not installed: the layout of 0.6.14, the release vLLM 0.26 pins."""
+JIT_OPT_IN = "MXMOE_FLASHINFER_JIT"
+"""Set to 1 to let a check compile FlashInfer's JIT modules on first use (the SM90 MoE module
+is ~182 CUTLASS translation units: 35-90 minutes at 16 cores)."""
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for p in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != p:  # 0.6.15rc1, 0.6.15.post1: the release is what counts
+            break
+    return tuple(parts)
+
+
+def installed_version() -> str | None:
+    """The installed flashinfer-python version, or None."""
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def sm90_generation(version: str | None) -> str:
+    """The SM90 layout generation (a key of SM90_LAYOUTS) that FlashInfer ``version`` reads."""
+    if version is None:
+        return DEFAULT_SM90_GENERATION
+    v = _version_tuple(version)
+    if v < (0, 6, 10):
+        return "0.6.9"
+    if v < (0, 6, 16):
+        return "0.6.10"
+    return "0.6.16"
+
+
+def enum_member(enum: type, name: str, what: str) -> object:
+    """``enum[name]``; a FlashInfer without that member is a clear BackendUnavailable."""
+    try:
+        return enum[name]
+    except KeyError:
+        names = ", ".join(m.name for m in enum)
+        raise BackendUnavailable(
+            f"this flashinfer ({installed_version()}) has no {what}.{name}; it has {names}"
+        ) from None
+
+
+def enums(fi: ModuleType) -> tuple[type, type]:
+    """(RoutingMethodType, ActivationType) of the installed FlashInfer, wherever it keeps them."""
+    for holder in ("flashinfer.tllm_enums", "flashinfer.fused_moe", "flashinfer.fused_moe.core", "flashinfer"):
+        try:
+            mod = __import__(holder, fromlist=["RoutingMethodType"])
+        except ImportError:
+            continue
+        if hasattr(mod, "RoutingMethodType") and hasattr(mod, "ActivationType"):
+            return mod.RoutingMethodType, mod.ActivationType
+    raise BackendUnavailable(f"flashinfer {installed_version()} exposes no RoutingMethodType/ActivationType")
+
+
+def require_compiled(module_name: str, backend_id: str) -> None:
+    """Raise BackendUnavailable unless FlashInfer's JIT module ``module_name`` is prebuilt (the
+    flashinfer-jit-cache package or the AOT folder) or already compiled in the JIT cache, or the
+    user opted in to compiling it (``MXMOE_FLASHINFER_JIT=1``): a check must not silently spend
+    an hour in nvcc."""
+    if os.environ.get(JIT_OPT_IN) == "1":
+        return
+    try:
+        from flashinfer.jit import env as jit_env
+    except ImportError as exc:
+        raise BackendUnavailable(f"{backend_id}: flashinfer.jit did not import: {exc}") from exc
+    places = [
+        getattr(jit_env, "FLASHINFER_AOT_DIR", None),
+        getattr(jit_env, "FLASHINFER_JIT_DIR", None),
+    ]
+    for base in places:
+        if base is not None and (base / module_name / f"{module_name}.so").exists():
+            return
+    raise BackendUnavailable(
+        f"{backend_id}: FlashInfer's JIT module {module_name} is neither prebuilt nor compiled here "
+        f"(looked in {', '.join(str(p) for p in places if p is not None)}); install flashinfer-jit-cache "
+        f"{installed_version()}, or set {JIT_OPT_IN}=1 to let the first call compile it "
+        "(the SM90 MoE module takes 35-90 minutes at 16 cores)"
+    )
+
+
+class FlashInferKernel(VendorKernel):
+    """Base of the FlashInfer adapters: imports ``flashinfer.fused_moe`` lazily and refuses, with
+    the reason, a host of another architecture or one where the kernel's JIT module would first
+    have to be compiled (``require_compiled``)."""
+
+    package = "flashinfer"
+    pip_name = "flashinfer-python"
+    jit_module: ClassVar[str]
+    """FlashInfer's JIT module holding the kernel on the declared architecture."""
+    _fi: ClassVar[ModuleType | None] = None
+
+    def check_call(self) -> None:
+        """The declared architecture, the fused_moe module, a compiled kernel."""
+        d = self.declaration
+        arch = host_arch()
+        if arch not in d.archs:
+            raise BackendUnavailable(f"{d.id} runs on {', '.join(d.archs)}; this host is {arch}")
+        try:
+            import flashinfer.fused_moe as fused_moe
+        except ImportError as exc:
+            raise BackendUnavailable(f"{d.id}: flashinfer.fused_moe did not import: {exc}") from exc
+        require_compiled(self.jit_module, d.id)
+        FlashInferKernel._fi = fused_moe
+
+    def padded_x(self, conv: Converted, inputs: CaseInputs) -> torch.Tensor:
+        """x in bf16, zero-padded to the converted hidden size (as vLLM's runner pads it)."""
+        x = inputs.x.to(torch.bfloat16)
+        return torch.nn.functional.pad(x, (0, conv.target.hidden - x.shape[1])).contiguous()
+
+    def cutlass_common(self, conv: Converted, inputs: CaseInputs, output: torch.Tensor) -> dict[str, object]:
+        """The ``cutlass_fused_moe`` arguments both CUTLASS variants pass alike (vLLM's
+        ``FlashInferExperts``): the engine's routing (global ids, float32 weights; the kernel
+        keeps its EP rank's experts), biases, per-expert swiglu constants, TP/EP, the output."""
+        case = inputs.case
+        t = conv.tensors
+        experts = t["w13_blocks"].shape[0]
+        dev = output.device
+        routing = inputs.routing()
+        swiglu = case.activation == "swigluoai"
+        _, activation_type = enums(self._fi)
+        return {
+            "token_selected_experts": routing.ids.to(torch.int32),
+            "token_final_scales": round_to(routing.weights, "fp32").to(torch.float32),
+            "output_dtype": torch.bfloat16,
+            "fc1_expert_biases": t.get("w13_bias"),
+            "fc2_expert_biases": t.get("w2_bias"),
+            "swiglu_alpha": self.per_expert(case.alpha if swiglu else None, experts, dev),
+            "swiglu_beta": self.per_expert(case.beta if swiglu else None, experts, dev),
+            "swiglu_limit": self.per_expert(case.limit if swiglu and case.limit else None, experts, dev),
+            "tp_size": case.tp,
+            "tp_rank": case.tp_rank,
+            "ep_size": case.ep,
+            "ep_rank": case.ep_rank,
+            "output": output,
+            "activation_type": enum_member(activation_type, "Swiglu", "ActivationType"),
+        }
+
+    @staticmethod
+    def per_expert(value: float | None, experts: int, device: torch.device) -> torch.Tensor | None:
+        """A swiglu constant as the float32 [E_local] tensor FlashInfer takes (None stays None)."""
+        if value is None:
+            return None
+        return torch.full((experts,), float(value), dtype=torch.float32, device=device)
