@@ -8,6 +8,9 @@
 * ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
   results folder with a reproducer for every FAIL and ERROR.
 * ``replay``: rerun one reproducer.
+* ``fetch``: vendor code that is not a package (OpenAI triton_kernels from a vLLM wheel; vLLM's
+  Python sources) into the git-ignored cache (``harness.vendor``, ``harness.vllm_drift``).
+* ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,9 +107,7 @@ def _cmd_bench_backend(args: argparse.Namespace) -> int:
     rate, rows = bench_backend(backend, arch, args.models, args.tokens, args.repeats, args.matmul_n)
     n = args.matmul_n
     print(f"{backend.declaration.id} on {arch}; bf16 matmul {n}^3 in the same run: {rate / 1e12:.1f} TFLOP/s\n")
-    table = [
-        (r["model"], r["tokens"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}", f"{r['ratio']:.3f}") for r in rows
-    ]
+    table = [(r["model"], r["tokens"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}", f"{r['ratio']:.3f}") for r in rows]
     print(format_table(("model", "T", "ms", "TFLOP/s", "of bf16 matmul"), table))
     print("\nms: median of the timed run() calls (weights converted once, before); FLOPs of the two expert GEMMs")
     if args.json:
@@ -394,6 +396,62 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from mxmoe.harness.vendor import VendorMissing, fetch_triton_kernels
+    from mxmoe.harness.vllm_drift import fetch_vllm
+
+    if args.wheel and not os.path.isfile(args.wheel):
+        raise UsageError(f"--wheel: no such file {args.wheel!r}")
+    wheel = Path(args.wheel) if args.wheel else None
+    try:
+        if args.what == "triton-kernels":
+            path = fetch_triton_kernels(args.vllm_version, wheel)
+            print(f"triton_kernels (from vLLM {args.vllm_version}'s wheel) is at {path}; it is found there at run time")
+        else:
+            path = fetch_vllm(args.vllm_version, wheel)
+            print(f"vLLM {args.vllm_version}'s Python sources are at {path} (for `python -m harness vllm-drift`)")
+    except VendorMissing as exc:
+        print(f"fetch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_vllm_drift(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from mxmoe.harness import vllm_drift as vd
+    from mxmoe.harness.platforms import host_fingerprint
+    from mxmoe.harness.registry import discover
+    from mxmoe.harness.vendor import VendorMissing
+
+    declarations = [item.backend.declaration for item in discover()]
+    drifts: list = []
+    facts = {}
+    for arch in args.arch or vd.PROBE_ARCHS:
+        try:
+            facts[arch] = vd.probe(arch, args.vllm_version)
+        except VendorMissing as exc:
+            print(f"vllm-drift: {exc}", file=sys.stderr)
+            return 2
+        drifts += vd.compare(facts[arch], declarations)
+    rows = vd.mark_known(vd.unique(drifts))
+    stale = vd.stale_known(rows) if not args.arch else []
+    version = next(iter(facts.values())).get("vllm_version", "?") if facts else "?"
+    print(f"vLLM {version} (its own oracle, fake platforms) against this project's declarations\n")
+    table = [(d.kind, d.subject, d.arch, d.ours, d.vllm, d.known or "UNEXPLAINED") for d in rows]
+    print(format_table(("what", "of", "arch", "ours", "vLLM", "known"), table))
+    for key in stale:
+        print(f"STALE: a known drift no longer occurs: {key}")
+    unexplained = [d for d in rows if d.known is None]
+    print(f"\n{len(rows)} differences: {len(rows) - len(unexplained)} known, {len(unexplained)} unexplained")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"host": host_fingerprint(), "vllm_version": version, "facts": facts,
+                       "drift": [asdict(d) for d in rows], "stale_known": stale}, f, indent=1)  # fmt: skip
+    return 1 if unexplained or stale else 0
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from mxmoe.harness.engine import failure_message, test_id
     from mxmoe.harness.platforms import host_arch
@@ -596,6 +654,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default 1)")
     p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")
     p.set_defaults(fn=_cmd_check, parser=p)
+
+    from mxmoe.harness.vendor import DEFAULT_VLLM
+
+    p = sub.add_parser("fetch", help="put OpenAI triton_kernels (vLLM's vendored copy) into the ignored cache")
+    p.add_argument(
+        "what", choices=["triton-kernels", "vllm"], help="triton_kernels, or vLLM's Python sources (for vllm-drift)"
+    )
+    p.add_argument(
+        "--vllm-version", default=DEFAULT_VLLM, help="the vLLM release whose wheel vendors it (default %(default)s)"
+    )
+    p.add_argument("--wheel", metavar="PATH", help="a vLLM wheel already on this machine (no download)")
+    p.set_defaults(fn=_cmd_fetch, parser=p)
+
+    from mxmoe.harness.vllm_drift import PROBE_ARCHS
+
+    p = sub.add_parser("vllm-drift", help="run vLLM's own MXFP4 oracle (fake platforms) against the declarations")
+    p.add_argument("--arch", action="append", choices=PROBE_ARCHS, help="(repeatable; default all)")
+    p.add_argument("--vllm-version", default=DEFAULT_VLLM, help="the fetched vLLM release (default %(default)s)")
+    p.add_argument("--json", default="results/vllm-drift.json", help="where it is recorded (default %(default)s)")
+    p.set_defaults(fn=_cmd_vllm_drift, parser=p)
 
     p = sub.add_parser("replay", help="rerun a reproducer written by check (results/repro/<test id>.json)")
     p.add_argument("file", metavar="FILE", help="the reproducer's .json file")

@@ -6,8 +6,8 @@ the choice for any architecture can be asked and tested on any host:
 
 * ``--moe-backend auto``: walk the GPT-OSS priority list and take the first backend whose
   capability checks (device, quantization scheme, activation, routing method, parallel config)
-  pass; with no activation quantization asked for, only bf16-activation variants are candidates
-  (vLLM's ``_filter_by_activation``);
+  pass; with no activation quantization asked for, only bf16-activation variants are candidates,
+  with one asked for, that scheme's variants and EMULATION (vLLM's ``_filter_by_activation``);
 * an explicit ``--moe-backend`` string: its candidates (a vendor family may name several, tried
   in order) and nothing else;
 * when nothing fits, an error that lists every candidate with the reason it was rejected;
@@ -91,14 +91,33 @@ class Deployment:
             )
 
 
-def rejection(d: Declaration, dep: Deployment) -> str | None:
-    """Why backend ``d`` cannot serve ``dep`` (the first failing capability check), or None."""
+ANY_ACTIVATION_QUANT = ("EMULATION",)
+"""Backends vLLM's ``_filter_by_activation`` keeps whatever activation quantization is asked for
+(emulation fake-quantizes any scheme)."""
+
+
+def _activation_filter(names: tuple[str, ...], by_name: dict[str, Declaration], asked: str | None) -> set[str]:
+    """vLLM's ``_filter_by_activation`` on a candidate list: with a quantization asked for, the
+    candidates of that scheme plus EMULATION; with none asked, the bf16 (w4a16) candidates if the
+    list has any, else all of them (an ``_afp8`` string alone still reaches its MXFP8 kernel)."""
+    declared = [n for n in names if n in by_name]
+    if asked is not None:
+        wanted = ACTIVATION_QUANTS[asked]
+        return {n for n in declared if by_name[n].quant == wanted or n in ANY_ACTIVATION_QUANT}
+    bf16 = {n for n in declared if by_name[n].quant == "w4a16"}
+    return bf16 or set(declared)
+
+
+def rejection(d: Declaration, dep: Deployment, quant_ok: bool | None = None) -> str | None:
+    """Why backend ``d`` cannot serve ``dep`` (the first failing capability check), or None.
+    ``quant_ok``: whether vLLM's activation filter kept it (default: its scheme is the one asked
+    for, bf16 when none is)."""
     if dep.arch not in d.archs:
         if dep.arch in d.device_archs:
             return f"declines the quantization scheme MXFP4 {d.quant} on {dep.arch} (takes it on {', '.join(d.archs)})"
         return f"device {dep.arch} not supported (runs on {', '.join(d.archs)})"
     wanted = ACTIVATION_QUANTS[dep.activation_quant or "bf16"]
-    if d.quant != wanted:
+    if not (d.quant == wanted if quant_ok is None else quant_ok):
         return f"activation quantization {d.quant} was not asked for (asked: {wanted})"
     if dep.activation not in d.activations:
         return f"activation {dep.activation} not supported ({', '.join(d.activations)})"
@@ -124,10 +143,11 @@ class NoBackend(ValueError):
 def select_backend(dep: Deployment, declarations: list[Declaration]) -> Selection:
     """Walk ``dep.moe_backend``'s candidates in order and take the first that fits."""
     by_name = {d.vllm_backend: d for d in declarations if d.vllm_backend}
+    kept = _activation_filter(MOE_BACKENDS[dep.moe_backend], by_name, dep.activation_quant)
     tried: list[tuple[str, str | None]] = []
     for name in MOE_BACKENDS[dep.moe_backend]:
         d = by_name.get(name)
-        reason = "not declared by any loaded backend module" if d is None else rejection(d, dep)
+        reason = "not declared by any loaded backend module" if d is None else rejection(d, dep, name in kept)
         tried.append((name, reason))
         if reason is None:
             return Selection(d, tuple(tried))

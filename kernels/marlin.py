@@ -5,24 +5,29 @@ Weights: w13 rows interleaved (the swigluoai epilogue reads pairs), hidden padde
 intermediate to 128, bf16 biases permuted in runs of 32 (marlin_permute_bias), scales transposed
 to [K/32, N], Marlin-permuted and pair-swapped (marlin_permute_scales,
 mxfp4_marlin_process_scales). The weights' tile repack is vLLM's CUDA op gptq_marlin_repack, run
-by the adapter on the GPU; the blocks here are as loaded.
+on the GPU; the blocks here are as loaded.
+
+Adapter: Marlin's MoE exists only inside vLLM (``torch.ops._moe_C``), so this backend is vLLM's
+own layer with ``--moe-backend marlin`` (``kernels.vllm_layer``): vLLM converts the weights (the
+layout above is declared for the conversion checks and the padding audit) and runs its modular
+Marlin kernel with the engine's top-k. Not run on hardware here (no vLLM installation).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration, VendorKernel
+from mxmoe.harness.backend import Arithmetic, Declaration
 from mxmoe.kernels import storage
+from mxmoe.kernels.vllm_layer import VllmLayer
 from mxmoe.reference.moe import Precision
 
 
-class Marlin(VendorKernel):
+class Marlin(VllmLayer):
     """MARLIN (see the module docstring)."""
 
-    package = "vllm"
-    pip_name = "vllm"
-    kernel = "vllm fused_marlin_moe"
+    kernel = "vllm fused_marlin_moe (through vLLM's GptOssMxfp4MoEMethod)"
+    vllm_backend = "MARLIN"
     storage = (storage.marlin_scales(), storage.marlin_bias())
     declaration = Declaration(
         id="marlin",

@@ -1,0 +1,248 @@
+"""vLLM's own MXFP4 MoE layer, driven through its oracle, where vLLM is installed.
+
+The project's adapters call each vendor kernel the way vLLM does; this one calls vLLM itself, so
+that a vLLM installation is validated layer by layer with whatever it would really run: for one
+``--moe-backend`` value (and activation quantization), vLLM's ``GptOssMxfp4MoEMethod`` selects
+the backend (``select_mxfp4_moe_backend``; a different choice than the one this backend stands
+for is a SKIP that names vLLM's choice), rounds the sizes up
+(``mxfp4_round_up_hidden_size_and_intermediate_size``), creates the zero-filled padded weights,
+copies the GPT-OSS checkpoint tensors into their leading slice as vLLM's weight loader does,
+converts them (``process_weights_after_loading``: the kernel format, the quant config, the
+modular kernel), and applies it: ``apply_monolithic`` with the bf16 router logits, or ``apply``
+with the engine's top-k (float32 weights, int32 ids). x is zero-padded to the rounded hidden size
+as vLLM's runner pads it, and the output cut back.
+
+One backend per vLLM backend this project declares, ``vllm-<its id>``, with that backend's
+declaration (archs, precision): a vLLM kernel that rounds differently from the declaration is
+then a FAIL of the check. MARLIN exists only inside vLLM, so ``kernels.marlin`` is this driver
+with ``--moe-backend marlin``.
+
+Scope: one rank without expert parallelism (the engine's EP all-to-all is not run here); a TP
+rank's shard is a layer of its own (its partial sum), as the checks define it. Not run on
+hardware in this project's own runs: vLLM's wheel is far over what the lent H200 can carry, and
+its compiled ops do not load on a CPU; the pure-Python parts (selection, round-ups, conversions)
+are checked against the declarations by ``python -m harness vllm-drift``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import torch
+
+from mxmoe.harness.backend import BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.cases import Case
+from mxmoe.harness.convert import to_layout
+from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import host_arch
+from mxmoe.reference.moe import round_to
+
+ACTIVATION_KEYS = {"w4a16": None, "w4a8-mxfp8": "kMxfp8Dynamic", "w4a8-fp8": "kFp8StaticTensorSym"}
+"""A declaration's quant scheme, to the name of vLLM's activation ``QuantKey`` it asks for."""
+MOE_BACKEND_STRINGS = {
+    "TRITON": "triton",
+    "TRITON_UNFUSED": "triton_unfused",
+    "MARLIN": "marlin",
+    "EMULATION": "emulation",
+    "FLASHINFER_TRTLLM_MXFP4_BF16": "flashinfer_trtllm",
+    "FLASHINFER_TRTLLM_MXFP4_MXFP8": "flashinfer_trtllm",
+    "FLASHINFER_CUTLASS_MXFP4_BF16": "flashinfer_cutlass",
+    "FLASHINFER_CUTLASS_MXFP4_MXFP8": "flashinfer_cutlass",
+    "AITER_MXFP4_BF16": "aiter",
+    "AITER_TRITON_MXFP4_BF16": "aiter",
+    "AITER_MXFP4_FP8": "aiter",
+}
+"""vLLM backend -> the ``--moe-backend`` string that reaches it (with the activation key)."""
+
+
+@dataclass
+class Prepared:
+    """vLLM's quant method and the layer holding its converted weights."""
+
+    method: Any
+    layer: Any
+    hidden: int
+    padded_hidden: int
+
+
+class _Layer(torch.nn.Module):
+    """The attributes ``GptOssMxfp4MoEMethod`` reads from its ``RoutedExperts`` layer."""
+
+    def __init__(self, experts: int, activation: Any) -> None:
+        super().__init__()
+        self.activation = activation
+        self.global_num_experts = experts
+        self.expert_map = None
+        self.apply_router_weight_on_input = False
+
+    def _expert_routing_tables(self) -> None:
+        return None
+
+
+class VllmLayer(VendorKernel):
+    """Base of the vLLM-driven backends: ``vllm_backend`` names the one it stands for."""
+
+    package = "vllm"
+    pip_name = "vllm"
+    kernel = "vllm GptOssMxfp4MoEMethod (oracle/mxfp4.py)"
+    vllm_backend: ClassVar[str]
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        """As declared; one rank without expert parallelism."""
+        reason = super().supports(case, arch)
+        if reason is None and case.ep > 1:
+            return f"{self.declaration.id}: the vLLM driver runs one rank without expert parallelism"
+        return reason
+
+    def check_call(self) -> None:
+        """vLLM's oracle imports, on a host of a declared architecture."""
+        d = self.declaration
+        if host_arch() not in d.archs:
+            raise BackendUnavailable(f"{d.id} runs on {', '.join(d.archs)}; this host is {host_arch()}")
+        for name in (
+            "vllm.model_executor.layers.fused_moe.oracle.mxfp4",
+            "vllm.model_executor.layers.quantization.mxfp4",
+        ):
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # vLLM's imports fail in many ways (compiled ops, versions)
+                raise BackendUnavailable(f"{d.id}: {name} did not import: {type(exc).__name__}: {exc}") from exc
+
+    def convert(self, inputs: CaseInputs) -> Prepared:
+        """vLLM's own selection, round-up, weight loading and conversion for this case."""
+        from vllm.model_executor.layers.fused_moe import config as fcfg
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+        from vllm.model_executor.layers.quantization import mxfp4 as qmx
+        from vllm.model_executor.layers.quantization.utils import quant_utils
+
+        case = inputs.case
+        d = self.declaration
+        w = to_layout(inputs.weights, "interleaved")  # the GPT-OSS checkpoint's rows, as vLLM loads them
+        experts, two_i, half_h = w.w13_blocks.shape
+        hidden, inter = 2 * half_h, two_i // 2
+        key_name = ACTIVATION_KEYS[d.quant]
+        key = None if key_name is None else getattr(quant_utils, key_name)
+        oracle._user_moe_activation_override = lambda: key  # no engine config: say what the user asked for
+        activation = MoEActivation[{"swigluoai": "SWIGLUOAI", "silu": "SILU"}[case.activation]]
+        cfg = fcfg.FusedMoEConfig(
+            num_experts=case.experts,
+            experts_per_token=case.top_k,
+            hidden_dim=hidden,
+            intermediate_size=inter,
+            num_local_experts=experts,
+            num_logical_experts=case.experts,
+            activation=activation,
+            device=inputs.x.device.type,
+            routing_method=fcfg.RoutingMethodType[case.routing],
+            moe_parallel_config=fcfg.FusedMoEParallelConfig.make_no_parallel(),
+            in_dtype=torch.bfloat16,
+            has_bias=case.bias,
+            moe_backend=MOE_BACKEND_STRINGS[self.vllm_backend],
+        )
+        method = qmx.GptOssMxfp4MoEMethod(cfg)
+        chosen = method.mxfp4_backend.name
+        if chosen != self.vllm_backend:
+            raise BackendUnavailable(
+                f"{d.id}: vLLM's oracle chose {chosen} for --moe-backend {cfg.moe_backend} here, "
+                f"not {self.vllm_backend}"
+            )
+        hp, ip = method.maybe_roundup_sizes(hidden, inter, torch.bfloat16, cfg.moe_parallel_config)
+        cfg.hidden_dim, cfg.intermediate_size_per_partition = hp, ip
+        layer = _Layer(case.experts, activation)
+        method.create_weights(layer, experts, hp, ip, torch.bfloat16)
+        layer.to(inputs.x.device)
+        ckpt = {
+            "w13_weight": w.w13_blocks,
+            "w13_weight_scale": w.w13_scales,
+            "w2_weight": w.w2_blocks,
+            "w2_weight_scale": w.w2_scales,
+            "w13_bias": w.w13_bias,
+            "w2_bias": w.w2_bias,
+        }
+        for name, t in ckpt.items():  # vLLM's gpt-oss loader: into the leading slice of the zeroed tensor
+            if t is not None and hasattr(layer, name):
+                getattr(layer, name).data[tuple(slice(0, s) for s in t.shape)].copy_(t)
+        method.process_weights_after_loading(layer)
+        return Prepared(method, layer, hidden, hp)
+
+    def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """vLLM's apply, monolithic (it routes) or modular (the engine's top-k)."""
+        method, layer = prepared.method, prepared.layer
+        x = torch.nn.functional.pad(inputs.x.to(torch.bfloat16), (0, prepared.padded_hidden - prepared.hidden))
+        if method.is_monolithic:
+            y = method.apply_monolithic(layer, x, inputs.router_logits.to(torch.bfloat16))
+        else:
+            from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
+
+            if not is_workspace_manager_initialized():
+                init_workspace_manager(x.device)
+            routing = inputs.routing()
+            weights = round_to(routing.weights, "fp32").to(torch.float32)
+            y = method.apply(layer, x, weights, routing.ids.to(torch.int32), None, None)
+        out.copy_(y[..., : prepared.hidden])
+
+
+def _driven(base: type, vllm_backend: str) -> Declaration:
+    d = base.declaration
+    return replace(
+        d,
+        id=f"vllm-{d.id}",
+        description=f"vLLM's own layer for {vllm_backend} (--moe-backend {MOE_BACKEND_STRINGS[vllm_backend]})",
+        vllm_backend=None,
+    )
+
+
+def _make(name: str, base_path: str) -> type:
+    """A VllmLayer subclass standing for the vLLM backend declared by ``base_path``'s class."""
+    module, cls = base_path.split(":")
+    base = getattr(importlib.import_module(module), cls)
+    vb = base.declaration.vllm_backend
+    return type(
+        name,
+        (VllmLayer,),
+        {
+            "__doc__": f"{vb} as vLLM itself runs it (see the module docstring).",
+            "__module__": __name__,
+            "vllm_backend": vb,
+            "storage": base.storage,
+            "declaration": _driven(base, vb),
+        },
+    )
+
+
+VllmTriton = _make("VllmTriton", "mxmoe.kernels.oai_triton:OaiTriton")
+VllmTritonUnfused = _make("VllmTritonUnfused", "mxmoe.kernels.oai_triton_unfused:OaiTritonUnfused")
+VllmEmulation = _make("VllmEmulation", "mxmoe.kernels.emulation:Emulation")
+VllmFlashInferTrtllmMxfp4Bf16 = _make(
+    "VllmFlashInferTrtllmMxfp4Bf16", "mxmoe.kernels.flashinfer_trtllm_mxfp4_bf16:FlashInferTrtllmMxfp4Bf16"
+)
+VllmFlashInferTrtllmMxfp4Mxfp8 = _make(
+    "VllmFlashInferTrtllmMxfp4Mxfp8", "mxmoe.kernels.flashinfer_trtllm_mxfp4_mxfp8:FlashInferTrtllmMxfp4Mxfp8"
+)
+VllmFlashInferCutlassMxfp4Bf16 = _make(
+    "VllmFlashInferCutlassMxfp4Bf16", "mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16:FlashInferCutlassMxfp4Bf16"
+)
+VllmFlashInferCutlassMxfp4Mxfp8 = _make(
+    "VllmFlashInferCutlassMxfp4Mxfp8", "mxmoe.kernels.flashinfer_cutlass_mxfp4_mxfp8:FlashInferCutlassMxfp4Mxfp8"
+)
+VllmAiterMxfp4Bf16 = _make("VllmAiterMxfp4Bf16", "mxmoe.kernels.aiter_mxfp4_bf16:AiterMxfp4Bf16")
+VllmAiterTritonMxfp4Bf16 = _make(
+    "VllmAiterTritonMxfp4Bf16", "mxmoe.kernels.aiter_triton_mxfp4_bf16:AiterTritonMxfp4Bf16"
+)
+VllmAiterMxfp4Fp8 = _make("VllmAiterMxfp4Fp8", "mxmoe.kernels.aiter_mxfp4_fp8:AiterMxfp4Fp8")
+DRIVEN = (
+    VllmTriton,
+    VllmTritonUnfused,
+    VllmEmulation,
+    VllmFlashInferTrtllmMxfp4Bf16,
+    VllmFlashInferTrtllmMxfp4Mxfp8,
+    VllmFlashInferCutlassMxfp4Bf16,
+    VllmFlashInferCutlassMxfp4Mxfp8,
+    VllmAiterMxfp4Bf16,
+    VllmAiterTritonMxfp4Bf16,
+    VllmAiterMxfp4Fp8,
+)
+"""Every vLLM backend but MARLIN (``kernels.marlin`` is the driver itself)."""

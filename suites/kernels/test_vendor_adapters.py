@@ -1,0 +1,296 @@
+"""The vendor adapters on a host without their hardware: lazy imports, SKIP reasons, the fetch
+of OpenAI triton_kernels out of a vLLM wheel, the pure-torch parts of the triton_kernels and
+FlashInfer adapters (bit matrix, the SM90 layouts of each FlashInfer generation, enum members by
+name), and the vLLM layer driver's mapping. What needs a GPU ran on the H200 (issue 6 note)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxmoe.harness.backend import BackendUnavailable, VendorKernel
+from mxmoe.harness.cases import make_case
+from mxmoe.harness.convert import Target, convert_weights
+from mxmoe.harness.engine import run_case
+from mxmoe.harness.inputs import make_inputs
+from mxmoe.harness.registry import discover
+from mxmoe.harness.selection import MOE_BACKENDS
+from mxmoe.harness.vendor import VendorMissing, extract_triton_kernels
+from mxmoe.kernels import flashinfer_common as fic
+from mxmoe.kernels import storage
+from mxmoe.kernels.oai_triton import HOPPER_MIN_N, OaiTriton, pack_topk_bits
+from mxmoe.kernels.oai_triton_unfused import OaiTritonUnfused
+from mxmoe.kernels.vllm_layer import DRIVEN, MOE_BACKEND_STRINGS
+
+LOADED = discover()
+VENDOR = [i.backend for i in LOADED if isinstance(i.backend, VendorKernel)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=300
+    )
+
+
+def test_importing_every_backend_imports_no_vendor_package():
+    """Declarations, conversions and selection work without any vendor package: none is imported
+    until a backend's ``load`` (on a host that can run it)."""
+    code = (
+        "import sys; from mxmoe.harness.registry import discover; discover(); "
+        "print(sorted(m for m in ('flashinfer', 'triton_kernels', 'aiter', 'vllm') if m in sys.modules))"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("backend", VENDOR, ids=lambda b: b.declaration.id)
+def test_vendor_backends_skip_here_with_the_reason(backend):
+    """On this CPU host every vendor backend's run is a SKIP: on ``cpu`` because it is not
+    declared there (or its package is missing), on its own arch because the hardware is not here."""
+    d = backend.declaration
+    case = make_case("gptoss20b", 1)
+    result, _ = run_case(backend, case, d.archs[0])
+    assert result.outcome == "SKIP"
+    assert d.archs[0] in result.reason and "this host is cpu" in result.reason or d.id in result.reason
+    if "cpu" not in d.archs:
+        result, _ = run_case(backend, case, "cpu")
+        assert result.outcome == "SKIP" and "does not run on cpu" in result.reason
+
+
+def _wheel(tmp_path: Path, files: dict[str, str]) -> Path:
+    path = tmp_path / "vllm-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_fetch_takes_only_the_vendored_triton_kernels_out_of_a_wheel(tmp_path):
+    wheel = _wheel(
+        tmp_path,
+        {
+            "vllm/__init__.py": "",
+            "vllm/third_party/triton_kernels/__init__.py": "ORIGIN = 'vendored'\n",
+            "vllm/third_party/triton_kernels/matmul_ogs.py": "",
+            "vllm/third_party/triton_kernels/routing.py": "",
+            "vllm/third_party/triton_kernels/tensor_details/layout.py": "",
+            "vllm/model_executor/other.py": "",
+        },
+    )
+    root = tmp_path / "cache" / "vendor" / "tk"
+    pkg = extract_triton_kernels(wheel, root)
+    got = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file())
+    assert got == ["SOURCE.txt", "__init__.py", "matmul_ogs.py", "routing.py", "tensor_details/layout.py"]
+    # found at run time from the cache, when nothing is installed, by its own name
+    code = (
+        "import sys; sys.modules.pop('triton_kernels', None); "
+        "from pathlib import Path; from mxmoe.harness import vendor; "
+        "vendor.triton_kernels_root = lambda v=None: Path(sys.argv[-1]); "
+        "m = vendor.import_triton_kernels(); print(m.ORIGIN)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "vendored"
+
+
+def test_a_wheel_without_triton_kernels_is_refused(tmp_path):
+    wheel = _wheel(tmp_path, {"vllm/__init__.py": ""})
+    with pytest.raises(VendorMissing, match="no vllm/third_party/triton_kernels/__init__.py"):
+        extract_triton_kernels(wheel, tmp_path / "out")
+
+
+def test_pypi_lookalike_triton_kernels_is_refused(tmp_path):
+    """PyPI's unrelated 'triton-kernels' takes the import name; it must never be used."""
+    fake = tmp_path / "site" / "triton_kernels"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    code = "from mxmoe.harness import vendor; vendor.import_triton_kernels()"
+    proc = _run(code, PYTHONPATH=str(tmp_path / "site"), MXMOE_CACHE=str(tmp_path / "empty-cache"))
+    assert proc.returncode != 0
+    assert "not OpenAI's v3.5.1 API" in proc.stderr and "python -m harness fetch triton-kernels" in proc.stderr
+
+
+def test_topk_bit_matrix_packs_each_local_choice_once():
+    ids = torch.tensor([[0, 31], [32, 63], [-1, 5], [64, -1]])
+    bits = pack_topk_bits(ids, 65).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    expect = torch.zeros(4, 3, dtype=torch.int64)
+    for t, row in enumerate(ids.tolist()):
+        for e in row:
+            if e >= 0:
+                expect[t, e // 32] |= 1 << (e % 32)
+    assert torch.equal(bits, expect)
+
+
+def test_triton_declines_what_it_cannot_compile_with_the_reason():
+    small = make_case("small", 7)  # H = 128, 2I = 128: below Hopper's BLOCK_N = 256 tiles
+    why = OaiTriton().supports(small, "sm90")
+    assert why and f"N >= {HOPPER_MIN_N}" in why and "GEMM2 N = 128" in why
+    assert OaiTriton().supports(small, "sm100") is None  # the assertion is Hopper's
+    assert OaiTriton().supports(make_case("gptoss20b", 7), "sm90") is None
+    assert "beta" in OaiTriton().supports(make_case("gptoss20b", 7, beta=0.5), "sm90")
+    assert OaiTritonUnfused().supports(make_case("gptoss20b", 7, beta=0.5), "sm90") is None
+
+
+@pytest.mark.parametrize(
+    "version, generation",
+    [(None, "0.6.10"), ("0.6.9", "0.6.9"), ("0.6.10", "0.6.10"), ("0.6.14", "0.6.10"), ("0.6.15.post1", "0.6.10"),
+     ("0.6.16", "0.6.16"), ("0.6.18rc1", "0.6.16"), ("0.7.4", "0.6.16")],
+)  # fmt: skip
+def test_flashinfer_sm90_layout_is_chosen_by_version(version, generation):
+    assert fic.sm90_generation(version) == generation
+
+
+@pytest.mark.parametrize("generation", sorted(fic.SM90_LAYOUTS))
+def test_each_sm90_generation_converts_and_inverts_bit_for_bit(generation):
+    """A gpt-oss-20b TP4 shard (K = 2880 -> 2944 > 128, rows not a power of two), through each
+    generation's storage and back, with the padded regions zero."""
+    inputs = make_inputs(make_case("gptoss20b", 1, tp=4, tp_rank=3), "cpu")
+    w = inputs.weights
+    roles = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias", "w2_bias")
+    sub = type(w)(**{**w.__dict__, **{k: getattr(w, k)[:2] for k in roles}})
+    target = Target("chunked_up_gate", 2944, 768, "bf16", fic.SM90_LAYOUTS[generation])
+    conv = convert_weights(sub, target)
+    back = conv.canonical()
+    for role in ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias", "w2_bias"):
+        assert torch.equal(getattr(back, role), getattr(sub, role)), role
+    ones = lambda t: sum(int(((t >> b) & 1).sum()) for b in range(8))  # noqa: E731
+    for role in ("w13_blocks", "w2_blocks", "w13_scales", "w2_scales"):  # bytes and bits move, zeros are added
+        assert ones(conv.tensors[role].view(torch.uint8)) == ones(getattr(sub, role)), role
+
+
+def test_sm90_weight_repack_matches_flashinfer_0_6_16_kernel_loop():
+    """The 0.6.16 repack against a literal transcription of its CUDA kernel's loop
+    (``moe_gemm_mixed_utils.cu``: block(16, 32), one 32-bit word per lane)."""
+    w = torch.randint(0, 256, (32, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    n, kb = w.shape
+    loop = torch.zeros_like(w)
+    wi = w.to(torch.int64)
+    for block_id in range(n // 2):
+        for p in range(kb // 32):
+            for lane in range(16):
+                row = block_id // 8 * 16 + block_id % 8
+                mma = lane // 4
+                dst = row + (mma % 2) * 8
+                il = lane // 8 * 16 + (lane % 4) * 4
+                col = p * 32 + mma * 8 + lane % 4
+                raw = int(wi[row, col]) | int(wi[row + 8, col]) << 8 | int(wi[row, col + 4]) << 16
+                raw |= int(wi[row + 8, col + 4]) << 24
+                v = 0
+                for mask, shift in storage.SM90_REPACK_MASKS:
+                    v |= ((raw & mask) << shift) if shift >= 0 else ((raw & mask) >> -shift)
+                for i in range(4):
+                    loop[dst, p * 32 + il + i] = (v >> (8 * i)) & 0xFF
+    ours = storage.sm90_weight_repack().forward(w[None], "w13_blocks")[0]
+    assert torch.equal(ours, loop)
+
+
+def test_sm90_scale_fold_is_flashinfer_0_6_16_formula():
+    s = torch.randint(0, 256, (2, 128, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    out = storage.sm90_scale_fold().forward(s, "w13_scales")
+    assert out.shape == (2, 2, 3, 16, 16)
+    for e, rb, kb, fm, ms, g in [(0, 0, 0, 0, 0, 0), (1, 1, 2, 15, 3, 3), (0, 1, 1, 7, 2, 1)]:
+        assert out[e, rb, kb, fm, 4 * ms + g] == s[e, 64 * rb + 16 * ms + fm, 4 * kb + g]
+
+
+def test_flashinfer_enum_members_are_looked_up_by_name_with_a_clear_error():
+    import enum
+
+    class Routing(enum.IntEnum):
+        Default = 0
+        Renormalize = 1
+
+    assert fic.enum_member(Routing, "Renormalize", "RoutingMethodType") is Routing.Renormalize
+    with pytest.raises(BackendUnavailable, match="no RoutingMethodType.Sigmoid; it has Default, Renormalize"):
+        fic.enum_member(Routing, "Sigmoid", "RoutingMethodType")
+
+
+def test_installed_flashinfer_has_every_routing_method_the_trtllm_backends_declare():
+    """Drift check against the installed FlashInfer: the names the adapters pass exist as members."""
+    fi = pytest.importorskip("flashinfer.fused_moe", reason="flashinfer-python is not installed")
+    routing, activation = fic.enums(fi)
+    declared = {
+        m for b in VENDOR if b.declaration.id.startswith("flashinfer-trtllm") for m in b.declaration.routing_methods
+    }
+    assert declared and all(fic.enum_member(routing, m, "RoutingMethodType").name == m for m in declared)
+    assert fic.enum_member(activation, "Swiglu", "ActivationType")
+
+
+def test_flashinfer_jit_compile_is_refused_unless_asked(monkeypatch, tmp_path):
+    pytest.importorskip("flashinfer.jit", reason="flashinfer-python is not installed")
+    from flashinfer.jit import env as jit_env
+
+    monkeypatch.setattr(jit_env, "FLASHINFER_AOT_DIR", tmp_path / "aot", raising=False)
+    monkeypatch.setattr(jit_env, "FLASHINFER_JIT_DIR", tmp_path / "jit", raising=False)
+    monkeypatch.delenv(fic.JIT_OPT_IN, raising=False)
+    with pytest.raises(
+        BackendUnavailable, match="fused_moe_90 is neither prebuilt nor compiled.*MXMOE_FLASHINFER_JIT=1"
+    ):
+        fic.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
+    (tmp_path / "jit" / "fused_moe_90").mkdir(parents=True)
+    (tmp_path / "jit" / "fused_moe_90" / "fused_moe_90.so").write_bytes(b"")
+    fic.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
+    monkeypatch.setenv(fic.JIT_OPT_IN, "1")
+    fic.require_compiled("fused_moe_99", "x")
+
+
+def test_vllm_driver_stands_for_every_vllm_backend_with_its_declaration():
+    ours = {i.backend.declaration.vllm_backend: i.backend for i in LOADED if i.backend.declaration.vllm_backend}
+    driven = {cls.vllm_backend: cls for cls in DRIVEN}
+    assert set(driven) | {"MARLIN"} == set(ours)
+    for name, cls in driven.items():
+        d, base = cls.declaration, ours[name].declaration
+        assert d.id == f"vllm-{base.id}" and d.vllm_backend is None
+        assert (d.archs, d.quant, d.arithmetic, d.hidden_align, d.intermediate_align) == (
+            base.archs, base.quant, base.arithmetic, base.hidden_align, base.intermediate_align)  # fmt: skip
+    for name, string in MOE_BACKEND_STRINGS.items():
+        assert name in MOE_BACKENDS[string], f"--moe-backend {string} does not reach {name}"
+
+
+def _cached_triton_kernels() -> bool:
+    from mxmoe.harness.vendor import triton_kernels_root
+
+    return (triton_kernels_root() / "triton_kernels" / "__init__.py").is_file()
+
+
+@pytest.mark.skipif(
+    not _cached_triton_kernels(),
+    reason="triton_kernels is not fetched (python -m harness fetch triton-kernels; ./dev does it without a GPU)",
+)
+def test_triton_kernels_has_what_the_adapters_call_and_reads_our_weights_as_declared():
+    """API drift against the fetched copy (v3.5.1 from vLLM 0.26.0's wheel), and the point that
+    is easy to get wrong: triton_kernels reads an FP4 tensor's stride-1 dimension as the packed
+    one, so the [E, K, N] views of the conversion must read as K = H (w13) and K = I (w2)."""
+    from mxmoe.kernels.oai_triton import _load_modules
+
+    tk = _load_modules()
+    for mod, names in {
+        "matmul_ogs": ("matmul_ogs", "FnSpecs", "FusedActivation", "PrecisionConfig", "FlexCtx"),
+        "routing": ("routing", "routing_from_bitmatrix"),
+        "topk": ("topk",),
+        "tensor": ("Bitmatrix", "FP4", "wrap_torch_tensor", "convert_layout"),
+        "numerics": ("InFlexData",),
+        "swiglu": ("swiglu_fn",),
+        "layout": ("make_default_matmul_mxfp4_w_layout", "make_default_matmul_mxfp4_w_scale_layout", "StridedLayout"),
+        "opt_flags": ("update_opt_flags_constraints",),
+    }.items():
+        missing = [n for n in names if not hasattr(getattr(tk, mod), n)]
+        assert not missing, f"triton_kernels.{mod} lacks {missing}"
+    inputs = make_inputs(make_case("odd", 3), "cpu")
+    conv = OaiTriton().convert_weights(inputs)
+    e, h, i = inputs.case.experts, conv.target.hidden, conv.target.intermediate
+    w13 = tk.tensor.wrap_torch_tensor(conv.tensors["w13_blocks"], dtype=tk.tensor.FP4)
+    w2 = tk.tensor.wrap_torch_tensor(conv.tensors["w2_blocks"], dtype=tk.tensor.FP4)
+    assert list(w13.shape) == [e, h, 2 * i] and list(w2.shape) == [e, i, h]
+    hopper = tk.layout.HopperMXValueLayout
+    swizzled = tk.tensor.convert_layout(w13, hopper, mx_axis=1)
+    assert list(swizzled.shape) == [e, h, 2 * i]
