@@ -214,12 +214,21 @@ class VendorKernel(Backend):
         self.check_call()
 
     def check_call(self) -> None:
-        """Raise BackendUnavailable unless ``run`` can call the kernel on this host."""
-        raise BackendUnavailable(
-            f"{self.declaration.id}: the adapter that calls {self.kernel} is not written yet; its declaration, "
-            "conversion and selection are checked without the kernel (suites/kernels)"
-        )
+        """Raise BackendUnavailable unless ``run`` can call the kernel on this host: by default,
+        unless this host's architecture is declared (adapters add their own checks after it)."""
+        require_host_arch(self.declaration.id, self.declaration.archs)
 
     def run(self, prepared: Any, inputs: CaseInputs, out: torch.Tensor) -> None:
         """Call the vendor kernel (only reached where ``check_call`` passed)."""
-        raise NotImplementedError(f"{self.declaration.id}: no kernel adapter yet")
+        raise NotImplementedError(f"{self.declaration.id}: no kernel adapter")
+
+
+def require_host_arch(backend_id: str, archs: tuple[str, ...], platform: str = "") -> str:
+    """This host's architecture, if it is one of ``archs``; else BackendUnavailable saying which
+    it is. ``platform`` (e.g. " (ROCm)") is added after the declared list."""
+    from mxmoe.harness.platforms import host_arch
+
+    arch = host_arch()
+    if arch not in archs:
+        raise BackendUnavailable(f"{backend_id} runs on {', '.join(archs)}{platform}; this host is {arch}")
+    return arch

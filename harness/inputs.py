@@ -132,6 +132,10 @@ class CaseInputs:
             return ids
         return self.expert_map.to(ids.device, torch.int64)[ids]
 
+    def padded_x(self, hidden: int) -> torch.Tensor:
+        """x zero-padded to a converted hidden size (as vLLM's runner pads it), contiguous."""
+        return torch.nn.functional.pad(self.x, (0, hidden - self.x.shape[1])).contiguous()
+
     def reference(self, precision: Precision = EXACT, weights: MoEWeights | None = None) -> torch.Tensor:
         """The oracle's output for these inputs (float64 unless ``precision.output`` says else).
         ``weights`` replaces the canonical weights (a backend's converted ones, in its declared row
@@ -139,7 +143,7 @@ class CaseInputs:
         c = self.case
         w = self.weights if weights is None else weights
         return moe(
-            torch.nn.functional.pad(self.x, (0, w.hidden_size - self.x.shape[1])),
+            self.padded_x(w.hidden_size),
             self.router_logits,
             w,
             top_k=c.top_k,

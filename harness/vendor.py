@@ -97,11 +97,14 @@ def fetch_triton_kernels(vllm_version: str = DEFAULT_VLLM, wheel: Path | None = 
     return extract_triton_kernels(Path(wheel), triton_kernels_root(vllm_version))
 
 
-def _is_openai_triton_kernels(module: ModuleType) -> bool:
+def _is_openai_triton_kernels(package_dir: Path) -> bool:
     """OpenAI's package has the ``matmul_ogs`` and ``routing`` modules (v3.5.1, vLLM's pin);
     PyPI's unrelated ``triton-kernels`` has neither."""
-    base = Path(getattr(module, "__file__", "") or "").parent
-    return (base / "matmul_ogs.py").is_file() and (base / "routing.py").is_file()
+    return (package_dir / "matmul_ogs.py").is_file() and (package_dir / "routing.py").is_file()
+
+
+def _package_dir(module: ModuleType) -> Path:
+    return Path(getattr(module, "__file__", "") or "").parent
 
 
 def import_triton_kernels(vllm_version: str = DEFAULT_VLLM) -> ModuleType:
@@ -110,13 +113,12 @@ def import_triton_kernels(vllm_version: str = DEFAULT_VLLM) -> ModuleType:
     tried = []
     if "triton_kernels" in sys.modules:
         mod = sys.modules["triton_kernels"]
-        if _is_openai_triton_kernels(mod):
+        if _is_openai_triton_kernels(_package_dir(mod)):
             return mod
         tried.append(f"the imported triton_kernels at {getattr(mod, '__file__', '?')} is not OpenAI's v3.5.1 API")
-    elif importlib.util.find_spec("triton_kernels") is not None:
-        spec = importlib.util.find_spec("triton_kernels")
+    elif (spec := importlib.util.find_spec("triton_kernels")) is not None:
         base = Path(spec.origin or "").parent
-        if (base / "matmul_ogs.py").is_file() and (base / "routing.py").is_file():
+        if _is_openai_triton_kernels(base):
             return importlib.import_module("triton_kernels")
         tried.append(
             f"an installed triton_kernels at {base} is not OpenAI's v3.5.1 API (PyPI's 'triton-kernels' is an "
@@ -132,7 +134,7 @@ def import_triton_kernels(vllm_version: str = DEFAULT_VLLM) -> ModuleType:
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
         mod = importlib.import_module("triton_kernels")
-        if _is_openai_triton_kernels(mod):
+        if _is_openai_triton_kernels(_package_dir(mod)):
             return mod
         tried.append(f"{root} holds no OpenAI triton_kernels")
     else:

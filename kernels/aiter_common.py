@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mxmoe.harness import platforms
-from mxmoe.harness.backend import BackendUnavailable, VendorKernel
+from mxmoe.harness.backend import BackendUnavailable, VendorKernel, require_host_arch
 from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs
 
@@ -59,10 +59,7 @@ def import_first(names: tuple[str, ...], backend_id: str) -> ModuleType:
 def require_arch(backend_id: str, archs: tuple[str, ...]) -> str:
     """This host's architecture, if it is one of ``archs``; else BackendUnavailable saying which
     it is (a CPU host, an NVIDIA GPU, or an AMD GPU the kernel does not run on)."""
-    arch = platforms.host_arch()
-    if arch not in archs:
-        raise BackendUnavailable(f"{backend_id} runs on {', '.join(archs)} (ROCm); this host is {arch}")
-    return arch
+    return require_host_arch(backend_id, archs, " (ROCm)")
 
 
 def enum_member(enum_type: Any, name: str, what: str) -> Any:
@@ -101,12 +98,6 @@ def k_major(t: torch.Tensor) -> torch.Tensor:
     if t.stride(-2) == 1:
         return t
     return t.transpose(-2, -1).contiguous().transpose(-2, -1)
-
-
-def padded_x(x: torch.Tensor, hidden: int) -> torch.Tensor:
-    """x, bfloat16, zero-padded to the converted hidden size (vLLM's runner pads with F.pad)."""
-    x = x.to(torch.bfloat16)
-    return torch.nn.functional.pad(x, (0, hidden - x.shape[1])).contiguous()
 
 
 @dataclass

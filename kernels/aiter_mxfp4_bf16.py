@@ -50,7 +50,7 @@ from mxmoe.harness.cases import Case
 from mxmoe.harness.convert import partition_sizes
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels import storage
-from mxmoe.kernels.aiter_common import PIP_NAME, RENORMALIZING, activation_member, enum_member, padded_x, require_arch
+from mxmoe.kernels.aiter_common import PIP_NAME, RENORMALIZING, activation_member, enum_member, require_arch
 from mxmoe.reference.activation import GPT_OSS_ALPHA, GPT_OSS_BETA, GPT_OSS_LIMIT
 from mxmoe.reference.moe import Precision
 
@@ -263,7 +263,7 @@ class AiterMxfp4Bf16(VendorKernel):
         mask = None if inputs.expert_map is None else aiter_expert_mask(inputs.expert_map)
         extra = {"gate_mode": "interleave"} if self._gate_mode else {}
         y = self._fused_moe(
-            padded_x(inputs.x, prepared.hidden), prepared.w13, prepared.w2, weights, ids, mask,
+            inputs.padded_x(prepared.hidden), prepared.w13, prepared.w2, weights, ids, mask,
             activation_member(aiter.ActivationType, inputs.case.activation),
             enum_member(aiter.QuantType, "per_1x32", "quant_type"),
             False, prepared.w13_scales, prepared.w2_scales, None, None,

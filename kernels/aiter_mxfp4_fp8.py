@@ -41,7 +41,6 @@ from mxmoe.kernels.aiter_common import (
     AiterTritonBase,
     TritonPrepared,
     import_first,
-    padded_x,
 )
 from mxmoe.reference.activation import GPT_OSS_BETA, gated_activation
 from mxmoe.reference.moe import Precision
@@ -148,7 +147,7 @@ class AiterMxfp4Fp8(AiterTritonBase):
             return  # vLLM never calls the experts on an empty batch; there is nothing to write
         gemm = self._mods.gemm.moe_gemm_a8w4
         ex = prepared.extra
-        rd, gather, scatter, x = self.route(prepared, inputs, padded_x(inputs.x, prepared.hidden))
+        rd, gather, scatter, x = self.route(prepared, inputs, inputs.padded_x(prepared.hidden))
         xq = self._mods.quant.downcast_to_static_fp8(x, ex["a1"])
         inter = gemm(
             xq, prepared.w13, None, prepared.w13_scales, ex["a1"], ex["a2"], prepared.b13, rd,

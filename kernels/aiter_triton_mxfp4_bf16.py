@@ -35,7 +35,7 @@ from mxmoe.harness.backend import Arithmetic, Declaration
 from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels import storage
-from mxmoe.kernels.aiter_common import A16W4_MODULES, AiterTritonBase, TritonPrepared, padded_x
+from mxmoe.kernels.aiter_common import A16W4_MODULES, AiterTritonBase, TritonPrepared
 from mxmoe.reference.moe import Precision
 
 
@@ -83,7 +83,7 @@ class AiterTritonMxfp4Bf16(AiterTritonBase):
         if case.tokens == 0:
             return  # vLLM never calls the experts on an empty batch; there is nothing to write
         gemm = self._mods.gemm.moe_gemm_a16w4
-        rd, gather, scatter, x = self.route(prepared, inputs, padded_x(inputs.x, prepared.hidden))
+        rd, gather, scatter, x = self.route(prepared, inputs, inputs.padded_x(prepared.hidden))
         silu = case.activation == "silu"
         inter = gemm(
             x, prepared.w13, None, prepared.w13_scales, None, None, prepared.b13, rd,

@@ -132,27 +132,20 @@ class FlashInferKernel(VendorKernel):
 
     package = "flashinfer"
     pip_name = "flashinfer-python"
-    jit_module: ClassVar[str]
-    """FlashInfer's JIT module holding the kernel on the declared architecture."""
+    jit_modules: ClassVar[dict[str, str]]
+    """FlashInfer's JIT module holding the kernel, by declared architecture."""
     _fi: ClassVar[ModuleType | None] = None
 
     def check_call(self) -> None:
         """The declared architecture, the fused_moe module, a compiled kernel."""
         d = self.declaration
-        arch = host_arch()
-        if arch not in d.archs:
-            raise BackendUnavailable(f"{d.id} runs on {', '.join(d.archs)}; this host is {arch}")
+        super().check_call()
         try:
             import flashinfer.fused_moe as fused_moe
         except ImportError as exc:
             raise BackendUnavailable(f"{d.id}: flashinfer.fused_moe did not import: {exc}") from exc
-        require_compiled(self.jit_module, d.id)
+        require_compiled(self.jit_modules[host_arch()], d.id)
         FlashInferKernel._fi = fused_moe
-
-    def padded_x(self, conv: Converted, inputs: CaseInputs) -> torch.Tensor:
-        """x in bf16, zero-padded to the converted hidden size (as vLLM's runner pads it)."""
-        x = inputs.x.to(torch.bfloat16)
-        return torch.nn.functional.pad(x, (0, conv.target.hidden - x.shape[1])).contiguous()
 
     def cutlass_common(self, conv: Converted, inputs: CaseInputs, output: torch.Tensor) -> dict[str, object]:
         """The ``cutlass_fused_moe`` arguments both CUTLASS variants pass alike (vLLM's

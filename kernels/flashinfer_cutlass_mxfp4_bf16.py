@@ -42,7 +42,7 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
     """FLASHINFER_CUTLASS_MXFP4_BF16 (see the module docstring)."""
 
     kernel = "flashinfer.fused_moe.cutlass_fused_moe"
-    jit_module = "fused_moe_90"
+    jit_modules = {"sm90": "fused_moe_90"}
     storage = SM90_LAYOUTS[DEFAULT_SM90_GENERATION]
     declaration = Declaration(
         id="flashinfer-cutlass-mxfp4-bf16",
@@ -63,7 +63,7 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
     def run(self, prepared: Converted, inputs: CaseInputs, out: torch.Tensor) -> None:
         """One ``cutlass_fused_moe`` call with the engine's routing."""
         t = prepared.tensors
-        x = self.padded_x(prepared, inputs)
+        x = inputs.padded_x(prepared.target.hidden)
         output = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
         self._fi.cutlass_fused_moe(
             input=x,

@@ -29,14 +29,7 @@ class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
     """FLASHINFER_CUTLASS_MXFP4_MXFP8 (see the module docstring)."""
 
     kernel = "flashinfer.fused_moe.cutlass_fused_moe"
-    jit_module = "fused_moe_100"
-
-    def check_call(self) -> None:
-        """As FlashInferKernel, with the JIT module of this host's family (fused_moe_100 / _120)."""
-        from mxmoe.harness.platforms import host_arch
-
-        self.jit_module = "fused_moe_120" if host_arch() == "sm120" else "fused_moe_100"
-        super().check_call()
+    jit_modules = {"sm100": "fused_moe_100", "sm120": "fused_moe_120"}
 
     storage = (storage.swizzle_128x4(view_fp8=False),)
     declaration = Declaration(
@@ -58,7 +51,7 @@ class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
         import flashinfer
 
         t = prepared.tensors
-        x = self.padded_x(prepared, inputs)
+        x = inputs.padded_x(prepared.target.hidden)
         xq, xs = flashinfer.mxfp8_quantize(x, is_sf_swizzled_layout=True, alignment=32)
         ones = torch.ones(t["w13_blocks"].shape[0], dtype=torch.float32, device=x.device)
         output = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)

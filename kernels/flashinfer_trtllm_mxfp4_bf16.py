@@ -28,7 +28,7 @@ class FlashInferTrtllmMxfp4Bf16(FlashInferKernel):
     """FLASHINFER_TRTLLM_MXFP4_BF16 (see the module docstring)."""
 
     kernel = "flashinfer.fused_moe.trtllm_fp4_block_scale_moe"
-    jit_module = "fused_moe_trtllm_sm100"
+    jit_modules = {"sm100": "fused_moe_trtllm_sm100"}
     storage = (storage.row_shuffle(), storage.swizzle_128x4())
     declaration = Declaration(
         id="flashinfer-trtllm-mxfp4-bf16",
@@ -57,7 +57,7 @@ class FlashInferTrtllmMxfp4Bf16(FlashInferKernel):
         t = prepared.tensors
         experts = t["w13_blocks"].shape[0]
         routing_method, _ = enums(fi)
-        x, x_scale = self.activations(self.padded_x(prepared, inputs))
+        x, x_scale = self.activations(inputs.padded_x(prepared.target.hidden))
         dev = x.device
         swiglu = case.activation == "swigluoai"
         bias = inputs.correction_bias

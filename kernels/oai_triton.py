@@ -41,7 +41,6 @@ from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import host_arch
 from mxmoe.harness.vendor import VendorMissing, import_triton_kernels
 from mxmoe.kernels import storage
-from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.routing import ROUTING_METHODS
 
@@ -124,16 +123,7 @@ class OaiTritonBase(VendorKernel):
                 raise BackendUnavailable(
                     f"{self.declaration.id}: triton_kernels did not import with this triton: {exc}"
                 ) from exc
-        self.check_call()
-
-    def check_call(self) -> None:
-        """triton_kernels runs compiled on the declared GPUs only (no interpreter path: it reads
-        the device's SM count and target)."""
-        arch = host_arch()
-        if arch not in self.declaration.archs:
-            raise BackendUnavailable(
-                f"{self.declaration.id} runs on {', '.join(self.declaration.archs)}; this host is {arch}"
-            )
+        self.check_call()  # the declared GPUs only: triton_kernels reads the device's SM count and target
 
     def _layouts(self, case: Case) -> tuple[Any, dict, Any, dict]:
         """(value layout, options, scale layout, options) as vLLM's ``_swizzle_mxfp4`` picks them."""
@@ -223,9 +213,7 @@ class OaiTritonBase(VendorKernel):
     def begin(self, prepared: Prepared, inputs: CaseInputs) -> tuple:
         """(routing data, gather index, scatter index, local top-k ids or None, x): x in bf16,
         zero-padded to the converted hidden size."""
-        x = inputs.x.to(torch.bfloat16)
-        x = torch.nn.functional.pad(x, (0, prepared.hidden - x.shape[1])).contiguous()
-        return (*self.route(prepared, inputs), x)
+        return (*self.route(prepared, inputs), inputs.padded_x(prepared.hidden))
 
 
 def pack_topk_bits(ids: torch.Tensor, experts: int) -> torch.Tensor:
@@ -340,10 +328,3 @@ class OaiTritonUnpaddedScales(OaiTriton):
         kind="instrument",
     )
 
-
-def unfused_activation(gemm1: torch.Tensor, case: Case, layout: str) -> torch.Tensor:
-    """vLLM's separate activation kernel (``swigluoai_and_mul`` / ``silu_and_mul_with_clamp`` /
-    ``silu_and_mul``, vLLM CUDA ops, not callable without vLLM) in torch: float32 from the bf16
-    GEMM1 output, rounded to bfloat16."""
-    a = gated_activation(gemm1.float(), case.activation, layout, case.alpha, case.beta, case.limit)
-    return a.to(torch.bfloat16)

@@ -22,9 +22,19 @@ from __future__ import annotations
 import torch
 
 from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs
-from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared, unfused_activation
+from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared
+from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision
+
+
+def unfused_activation(gemm1: torch.Tensor, case: Case, layout: str) -> torch.Tensor:
+    """vLLM's separate activation kernel (``swigluoai_and_mul`` / ``silu_and_mul_with_clamp`` /
+    ``silu_and_mul``, vLLM CUDA ops, not callable without vLLM) in torch: float32 from the bf16
+    GEMM1 output, rounded to bfloat16."""
+    a = gated_activation(gemm1.float(), case.activation, layout, case.alpha, case.beta, case.limit)
+    return a.to(torch.bfloat16)
 
 
 class OaiTritonUnfused(OaiTritonBase):

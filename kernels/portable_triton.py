@@ -164,7 +164,7 @@ class PortableTriton(Backend):
         block_m, block_n, block_k, launch = self.tiles(pairs_total / max(e_local, 1), interp)
         sorted_pairs, blk_expert, blk_start, blk_end = _blocks(ids, e_local, block_m)
         on_input = case.routing == "Llama4"
-        x = torch.nn.functional.pad(inputs.x, (0, hp - inputs.x.shape[1]))
+        x = inputs.padded_x(hp)
         if on_input:  # the router weight scales each (token, slot)'s input, rounded to bf16
             pair_tok = torch.arange(pairs_total, device=dev) // case.top_k
             a = (x[pair_tok].float() * weights[:, None]).to(torch.bfloat16).contiguous()

@@ -36,7 +36,6 @@ from mxmoe.harness.backend import BackendUnavailable, Declaration, VendorKernel
 from mxmoe.harness.cases import Case
 from mxmoe.harness.convert import to_layout
 from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import host_arch
 from mxmoe.reference.moe import round_to
 
 ACTIVATION_KEYS = {"w4a16": None, "w4a8-mxfp8": "kMxfp8Dynamic", "w4a8-fp8": "kFp8StaticTensorSym"}
@@ -99,8 +98,7 @@ class VllmLayer(VendorKernel):
     def check_call(self) -> None:
         """vLLM's oracle imports, on a host of a declared architecture."""
         d = self.declaration
-        if host_arch() not in d.archs:
-            raise BackendUnavailable(f"{d.id} runs on {', '.join(d.archs)}; this host is {host_arch()}")
+        super().check_call()
         for name in (
             "vllm.model_executor.layers.fused_moe.oracle.mxfp4",
             "vllm.model_executor.layers.quantization.mxfp4",
@@ -171,7 +169,7 @@ class VllmLayer(VendorKernel):
     def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
         """vLLM's apply, monolithic (it routes) or modular (the engine's top-k)."""
         method, layer = prepared.method, prepared.layer
-        x = torch.nn.functional.pad(inputs.x.to(torch.bfloat16), (0, prepared.padded_hidden - prepared.hidden))
+        x = inputs.padded_x(prepared.padded_hidden)
         if method.is_monolithic:
             y = method.apply_monolithic(layer, x, inputs.router_logits.to(torch.bfloat16))
         else:
