@@ -88,6 +88,7 @@ MODELS: dict[str, Model] = {
         _deepseek("dsv3", 7168, 2048, 256, 8, 8, 4),  # DeepSeek-V3-style MXFP4, chunked [gate; up]
         _deepseek("dsmini", 256, 128, 16, 4, 4, 2),  # the same structure at CI size
         Model("tiny", 64, 64, 8, 2),  # GPT-OSS structure at CI size
+        Model("gptosstiny", 256, 256, 8, 2),  # the tiny trained GPT-OSS fixture's layer (harness.e2e.tiny)
         Model("small", 128, 96, 16, 4),
         Model("odd", 96, 160, 6, 2),  # H/32 = 3, I/32 = 5: off every padding multiple
         Model("tpsmall", 64, 224, 8, 2),  # I/32 = 7: uneven TP shards (TP2: 128 + 96, TP4: 64 x3 + 32)

@@ -2,7 +2,8 @@
 
 * ``signoff``: the main job on this machine: the oracle's self-check on built-in cases (a failure
   there stops everything: the oracle cannot be trusted here), then ``check`` of the default
-  backends over the pr profile on this host's architecture.
+  backends over the pr profile on this host's architecture, the catalogue of faulty kernels, and
+  ``model-check`` of the tiny GPT-OSS through each default backend that runs here.
 * ``bench-reference``: times the reference layer at gpt-oss shapes next to a float64 matmul.
 * ``backends``: every backend (built-in, installed entry points, files) and whether it runs here.
 * ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
@@ -11,6 +12,7 @@
 * ``fetch``: vendor code that is not a package (OpenAI triton_kernels from a vLLM wheel; vLLM's
   Python sources) into the git-ignored cache (``harness.vendor``, ``harness.vllm_drift``).
 * ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
+* ``model-check``, ``make-tiny``: model-level checks of GPT-OSS (``harness.e2e.cli``).
 """
 
 from __future__ import annotations
@@ -87,7 +89,29 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     # Part 3: detection power: the catalogue of faulty kernels is caught, the honest variants are not.
     print("\ndetection power: the catalogue of faulty kernels and the honest variants (profile pr)\n", flush=True)
     mutants = main(["mutants", "--profile", "pr", "--json", os.path.join(args.results, "mutants.json")])
-    return max(checked, mutants)
+    # Part 4: the model-level check: the tiny GPT-OSS with each default backend that runs here as
+    # its MoE, every layer judged on the model's own activations (fewer sequences under Triton's
+    # interpreter on a CPU).
+    models = _signoff_models(args.results)
+    return max(checked, mutants, models)
+
+
+def _signoff_models(results: str) -> int:
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.registry import discover, select
+
+    arch = host_arch()
+    here = [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        print(f"\nmodel-level check skipped: it needs transformers and tokenizers ({exc})")
+        return 0
+    print(f"\nmodel-level check: the tiny GPT-OSS through {', '.join(here)}\n", flush=True)
+    batch = "2" if arch == "cpu" else "8"
+    argv = ["model-check", "--model", "tiny", "--batch", batch, "--repeats", "1", "--results", results]
+    return main([*argv, *(a for b in here for a in ("--backend", b))])
 
 
 def _cmd_bench_backend(args: argparse.Namespace) -> int:
@@ -678,6 +702,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="rerun a reproducer written by check (results/repro/<test id>.json)")
     p.add_argument("file", metavar="FILE", help="the reproducer's .json file")
     p.set_defaults(fn=_cmd_replay, parser=p)
+
+    from mxmoe.harness.e2e.cli import add_parsers as add_e2e
+
+    add_e2e(sub)
     return parser
 
 

@@ -14,7 +14,9 @@ import hashlib
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -234,6 +236,59 @@ def _verdict(backend: Backend, result: Result) -> None:
                 result.outcome, result.reason = "FAIL", f"unexpected pass of a strict xfail: {xf.reason} ({xf.link})"
 
 
+def guarded_call(
+    backend: Backend,
+    inputs: CaseInputs,
+    result: Result,
+    *,
+    bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
+    prepared: Callable[[], Any] | None = None,
+) -> torch.Tensor | None:
+    """The guarded, judged call of a backend that applies and is loaded: snapshot the inputs,
+    convert (or ``prepared()``, for a caller that keeps converted weights, as a model's layer
+    does), run twice into poisoned buffers, compare with the oracle under the bound (``bounded``
+    if given; a function of the output where the oracle admits alternatives, as an exact routing
+    tie does), check the inputs are unchanged, and set ``result``'s outcome, reason and metrics.
+    Returns the first run's output, or None when the backend raised (``result`` is its ERROR).
+    Raises only for the harness's own failures (making the oracle)."""
+    d = backend.declaration
+    if bounded is None:
+        bounded = reference_and_bound(inputs, d.arithmetic)
+    before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
+    shape = (inputs.case.tokens, inputs.case.hidden)
+    try:
+        ready = prepared() if prepared is not None else backend.convert(inputs)
+        runs = []
+        for _ in range(2):
+            out = poisoned(shape, d.arithmetic.precision.output, inputs.x.device)
+            backend.run(ready, inputs, out)
+            if out.is_cuda:
+                torch.cuda.synchronize(out.device)
+            runs.append(out)
+    except Exception:
+        result.outcome = "ERROR"
+        result.reason = "the backend raised"
+        result.traceback = traceback.format_exc()
+        _verdict(backend, result)
+        return None
+    got = runs[0]
+    if callable(bounded):
+        bounded = bounded(got)
+    result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
+    g64 = got.to(torch.float64)
+    result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
+    result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
+    now = inputs.tensors()
+    mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
+    _verdict(backend, result)
+    if mutated and result.outcome != "XFAIL":
+        result.outcome = "FAIL"
+        result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
+            f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
+        )
+    return got
+
+
 def run_case(
     backend: Backend,
     case: Case,
@@ -265,38 +320,7 @@ def run_case(
             result.reason = f"{d.id} cannot run here: {exc}"
             return result, None
         inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
-        bounded = bounded if bounded is not None else reference_and_bound(inputs, d.arithmetic)
-        before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
-        out_dtype = d.arithmetic.precision.output
-        shape = (case.tokens, case.hidden)
-        try:
-            prepared = backend.convert(inputs)
-            runs = []
-            for _ in range(2):
-                out = poisoned(shape, out_dtype, inputs.x.device)
-                backend.run(prepared, inputs, out)
-                if out.is_cuda:
-                    torch.cuda.synchronize(out.device)
-                runs.append(out)
-        except Exception:
-            result.outcome = "ERROR"
-            result.reason = "the backend raised"
-            result.traceback = traceback.format_exc()
-            _verdict(backend, result)
-            return result, inputs
-        got = runs[0]
-        result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
-        g64 = got.to(torch.float64)
-        result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
-        result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
-        now = inputs.tensors()
-        mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
-        _verdict(backend, result)
-        if mutated and result.outcome != "XFAIL":
-            result.outcome = "FAIL"
-            result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
-                f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
-            )
+        guarded_call(backend, inputs, result, bounded=bounded)
         return result, inputs
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.

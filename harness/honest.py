@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.backend import Arithmetic, Backend, Declaration
+from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS
 from mxmoe.kernels.emulation import TorchMoE
 from mxmoe.reference.moe import Precision
@@ -79,3 +80,25 @@ class HonestMxfp8(TorchMoE):
 
 
 HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBf16Weights, HonestMxfp8)
+
+
+class Oracle(Backend):
+    """The oracle as a backend: the exact float64 layer (``CaseInputs.reference``) with its output
+    rounded once to bf16. The model-level checks run a model with this MoE as their baseline
+    (``harness.e2e``); in a sweep it must PASS with an error/bound ratio of at most 1/2 ulp's worth."""
+
+    declaration = Declaration(
+        id="oracle",
+        archs=ARCHS,
+        description="the float64 oracle, output rounded once to bf16",
+        arithmetic=Arithmetic(precision=Precision(output=torch.bfloat16), accumulate="fp64"),
+        kind="instrument",
+    )
+
+    def convert(self, inputs: CaseInputs) -> None:
+        """Nothing: the oracle reads the canonical weights."""
+        return None
+
+    def run(self, prepared: None, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """The exact layer, rounded to ``out``'s dtype."""
+        out.copy_(inputs.reference(Precision(output=out.dtype)))

@@ -482,6 +482,12 @@ MUTANTS: tuple[type[Mutant], ...] = tuple(
     c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Mutant) and "slug" in c.__dict__
 )
 
+
+def mutant_specs() -> list[str]:
+    """``module:Class`` of every catalogue fault, for the registry's loader (a model's layer can be
+    planted with one: ``model-check --plant``)."""
+    return [f"{__name__}:{cls.__name__}" for cls in MUTANTS]
+
 _BROKEN_MODULE = '''"""A backend module that fails at import (vLLM PR #50622's NameError), made by the catalogue."""
 from mxmoe.kernels.emulation import TorchMoE
 

@@ -53,6 +53,7 @@ BUILTIN = (
     "mxmoe.harness.honest:HonestBf16Gemm",
     "mxmoe.harness.honest:HonestBf16Weights",
     "mxmoe.harness.honest:HonestMxfp8",
+    "mxmoe.harness.honest:Oracle",
 )
 
 

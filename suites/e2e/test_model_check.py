@@ -1,0 +1,226 @@
+"""The tiny GPT-OSS through registry backends: the oracle-MoE model answers its task, honest
+backends pass every layer on the model's own activations, and planted catalogue faults fail at
+the layer where they are planted, also where the model's output barely moves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the model-level checks need transformers (pip install transformers)")
+
+from mxmoe.harness.backend import BackendUnavailable  # noqa: E402
+from mxmoe.harness.cli import main  # noqa: E402
+from mxmoe.harness.e2e import task  # noqa: E402
+from mxmoe.harness.e2e.checkpoint import open_checkpoint  # noqa: E402
+from mxmoe.harness.e2e.layercheck import check_model, tie_aware_bound  # noqa: E402
+from mxmoe.harness.e2e.model import MoEModel, layer_case  # noqa: E402
+from mxmoe.harness.e2e.tiny import TINY_DIR, accuracy  # noqa: E402
+from mxmoe.harness.honest import Oracle  # noqa: E402
+from mxmoe.harness.inputs import CaseInputs, make_inputs  # noqa: E402
+from mxmoe.harness.mutants import mutant_specs  # noqa: E402
+from mxmoe.harness.registry import discover, load_spec, select  # noqa: E402
+from mxmoe.reference.moe import Precision  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    ckpt = open_checkpoint("tiny")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TINY_DIR / "tokenizer.json"))
+    return ckpt, tok, MoEModel(ckpt, "cpu")
+
+
+def _backend(ident):
+    return select(discover(tuple(mutant_specs())), (ident,))[0]
+
+
+def _batch(tok, n):
+    rows = task.read_csv(TINY_DIR / "task-test.csv")[:n]
+    seqs = []
+    for row in rows:
+        prompt, shown, correct = task.format_prompt(row)
+        seqs.append(tok.encode(prompt + task.answer_text(shown[correct])).ids)
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), True
+    return ids, mask
+
+
+def test_the_oracle_moe_model_answers_the_task_far_above_chance(tiny):
+    ckpt, tok, model = tiny
+    model.use(_backend("oracle"))
+    rows = task.read_csv(TINY_DIR / "task-test.csv")
+    acc = accuracy(model.logits, lambda s: tok.encode(s).ids, rows, pad_id=0)
+    recorded = json.loads((TINY_DIR / "fixture.json").read_text())["oracle_moe_test_accuracy"]
+    print(f"oracle-MoE tiny GPT-OSS: {acc:.3f} on {len(rows)} held-out questions (chance 0.25)")
+    assert acc >= 0.8 and acc == pytest.approx(recorded, abs=1e-9)
+
+
+def test_transformers_own_mxfp4_model_agrees_with_the_oracle_moe_model(tiny):
+    """transformers loads the fixture through its own MXFP4 path (dequantized to bf16, its eager
+    experts); its next-token distribution is the oracle model's up to bf16 rounding."""
+    from transformers import GptOssForCausalLM, Mxfp4Config
+
+    ckpt, tok, model = tiny
+    hf = GptOssForCausalLM.from_pretrained(
+        TINY_DIR, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16, attn_implementation="eager"
+    )
+    ids, mask = _batch(tok, 8)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits.float()
+    model.use(_backend("oracle"))
+    ours = model.logits(ids)
+    from mxmoe.harness.e2e.layercheck import compare_logits
+
+    c = compare_logits(ours, theirs, mask)
+    assert c.top1_agreement >= 0.98 and c.kl_mean < 1e-3, c
+
+
+@pytest.mark.parametrize("ident, batch", [("emulation", 8), ("honest-splitk", 8), ("portable-triton", 2)])
+def test_honest_backends_pass_every_layer(tiny, ident, batch, tmp_path):
+    ckpt, tok, model = tiny
+    ids, mask = _batch(tok, batch)
+    found = check_model(model, ids, mask, _backend(ident), _backend("oracle"), results=tmp_path)
+    assert [v.layer for v in found.layers] == list(range(ckpt.shapes.layers))
+    bad = [(v.layer, v.result.reason) for v in found.layers if v.result.outcome != "PASS"]
+    assert not bad and found.passed and found.first_failure is None
+    assert found.comparison.top1_agreement >= 0.98, found.comparison
+    assert not (tmp_path / "repro").exists()  # reproducers are written for FAIL and ERROR only
+
+
+PLANTED = [
+    ("mutant-one-scale-byte", 2),  # subtle: the model's output barely moves
+    ("mutant-missing-plus-one", 1),
+    ("mutant-b2-dropped", 3),
+    ("mutant-gate-up-swapped", 0),
+    ("mutant-nibble-order", 2),
+]
+
+
+@pytest.mark.parametrize("fault, layer", PLANTED, ids=[f"{f.removeprefix('mutant-')}-layer{n}" for f, n in PLANTED])
+def test_a_planted_fault_fails_at_its_layer_and_nowhere_else(tiny, fault, layer, tmp_path):
+    ckpt, tok, model = tiny
+    ids, mask = _batch(tok, 8)
+    found = check_model(model, ids, mask, _backend("honest-fp32"), _backend("oracle"),
+                        plants={layer: _backend(fault)}, results=tmp_path)  # fmt: skip
+    outcomes = {v.layer: v.result.outcome for v in found.layers}
+    assert found.first_failure == layer, outcomes
+    assert all(o == "PASS" for n, o in outcomes.items() if n != layer), outcomes
+    planted = found.layers[layer]
+    assert planted.result.backend == fault and planted.repro is not None
+    if fault == "mutant-one-scale-byte":
+        # caught per layer although the model's answers do not change
+        assert found.comparison.top1_agreement >= 0.99, found.comparison
+        print(f"one scale byte at layer {layer}: top-1 agreement {found.comparison.top1_agreement:.4f}, "
+              f"KL {found.comparison.kl_mean:.2e}, layer verdict {planted.result.reason}")
+
+
+def test_a_layer_reproducer_replays_to_the_same_verdict(tiny, tmp_path, capsys):
+    ckpt, tok, model = tiny
+    ids, mask = _batch(tok, 4)
+    found = check_model(model, ids, mask, _backend("honest-fp32"), _backend("oracle"),
+                        plants={1: _backend("mutant-missing-plus-one")}, results=tmp_path)  # fmt: skip
+    repro = found.layers[1].repro
+    assert repro is not None and repro.suffix == ".json"
+    assert main(["replay", str(repro)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_model_check_command(tmp_path, capsys):
+    rc = main(["model-check", "--model", "tiny", "--backend", "emulation", "--batch", "3", "--repeats", "1",
+               "--results", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "first failing layer: none" in out and "top-1 agreement" in out and "forward (emulation" in out
+    summary = json.loads((tmp_path / "model-check-emulation-cpu.json").read_text())
+    assert summary["passed"] and len(summary["layers"]) == 4
+    rc = main(["model-check", "--model", "tiny", "--backend", "honest-fp32", "--plant", "3=mutant-b2-dropped",
+               "--batch", "2", "--repeats", "0", "--results", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 1 and "first failing layer: 3" in out and "replay: python -m" in out
+
+
+def test_the_synthetic_architecture_path_runs_end_to_end(tmp_path, capsys):
+    """``random:NAME`` builds the architecture from a seed (random token ids, no tokenizer); the
+    tiny shape keeps it CPU-sized: the same code that runs random:gpt-oss-20b on a GPU."""
+    rc = main(["model-check", "--model", "random:gpt-oss-tiny", "--backend", "emulation", "--tokens", "96",
+               "--repeats", "1", "--results", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "96 random token ids (no tokenizer)" in out and "first failing layer: none" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "tiny", "--backend", "no-such"], "--backend: --backend 'no-such' matches no backend"),
+        (["--model", "tiny", "--backend", "emulation", "--plant", "two=emulation"], "expected LAYER=BACKEND_ID"),
+        (["--model", "/nonexistent/gpt-oss", "--backend", "emulation"], "no such folder"),
+        (["--model", "tiny", "--backend", "emulation", "--prompts", "/nonexistent.txt"], "--prompts: no such file"),
+    ],
+)
+def test_model_check_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["model-check", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_backend_that_cannot_take_the_layer_says_why(tiny, tmp_path, capsys):
+    ckpt, tok, model = tiny
+    with pytest.raises(BackendUnavailable, match="layer 0: triton does not run on cpu"):
+        model.use(_backend("triton"))
+    assert main(["model-check", "--model", "tiny", "--backend", "triton", "--results", str(tmp_path)]) == 2
+    assert "triton does not run on cpu" in capsys.readouterr().err
+
+
+def test_a_layer_case_is_the_zoo_model_of_that_shape():
+    assert layer_case(open_checkpoint("tiny").config, 5).id == "gptosstiny-interleaved-t5"
+    assert layer_case(open_checkpoint("random:gpt-oss-20b").config, 7).id == "gptoss20b-interleaved-t7"
+    assert layer_case(open_checkpoint("random:gpt-oss-120b").config, 1).id == "gptoss120b-interleaved-t1"
+
+
+def test_an_exact_routing_tie_accepts_either_choice():
+    """A token whose 2nd and 3rd logits tie exactly: the oracle takes the lower index; a kernel that
+    takes the higher one is inside the widened band, and the token is counted."""
+    base = make_inputs(layer_case(open_checkpoint("tiny").config, 4))
+    logits = base.router_logits.clone()
+    logits[1] = torch.tensor([0.0, 3.0, 1.0, -1.0, 1.0, -2.0, 0.5, -0.5])  # experts 2 and 4 tie for 2nd
+    inputs = CaseInputs(base.case, base.x, logits, base.weights, None, None)
+    arith = Oracle.declaration.arithmetic
+    judge, tied = tie_aware_bound(inputs, arith)
+    assert tied == 1 and callable(judge)
+    other = logits.clone()
+    other[1, 4] = torch.nextafter(other[1, 4], torch.tensor(2.0))  # the higher index wins the tie
+    theirs = CaseInputs(base.case, base.x, other, base.weights, None, None).reference(Precision(output=torch.bfloat16))
+    ours = inputs.reference(Precision(output=torch.bfloat16))
+    assert not torch.equal(theirs, ours)  # the two resolutions differ
+    for got in (ours, theirs):  # either passes, each against its own reference
+        b = judge(got)
+        assert ((got.double() - b.ref).abs() <= b.bound).all()
+    mixed = theirs.clone()
+    mixed[0] = ours[0] + 1  # an error on an untied token is still an error
+    b = judge(mixed)
+    assert ((mixed.double() - b.ref).abs() > b.bound)[0].any()
+
+
+
+
+def test_a_backend_given_by_file_can_be_the_models_moe(tiny, tmp_path):
+    path = tmp_path / "my_backend.py"
+    path.write_text(
+        "import dataclasses, torch\n"
+        "from mxmoe.harness.honest import Oracle\n"
+        "class Mine(Oracle):\n"
+        "    declaration = dataclasses.replace(Oracle.declaration, id='my-moe', kind='backend')\n"
+    )
+    ckpt, tok, model = tiny
+    ids, mask = _batch(tok, 2)
+    found = check_model(model, ids, mask, load_spec(f"{path}:Mine"), _backend("oracle"))
+    assert found.passed and found.backend == "my-moe"
