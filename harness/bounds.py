@@ -41,6 +41,9 @@ probabilistic one is reported as such.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +53,7 @@ from mxmoe.harness.inputs import CaseInputs
 from mxmoe.reference.activation import split_gate_up
 from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4, shared_exponent
-from mxmoe.reference.routing import route
+from mxmoe.reference.routing import route, topk_margin
 
 _IEEE = {"fp32": (23, -126), "bf16": (7, -126), "fp16": (10, -14), "fp64": (52, -1022)}
 _DTYPE_POINT = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -236,3 +239,53 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     if not torch.all((out - ref).abs() <= 1e-10 * (scale + ref.abs()) + 1e-300):
         raise AssertionError("harness.bounds disagrees with reference.moe on this case: a harness bug")
     return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic)
+
+
+def tied_tokens(inputs: CaseInputs) -> torch.Tensor:
+    """Which tokens' top-k boundary is an exact tie (bool [T]): there a kernel may pick either
+    expert. The engine's cases are tie-free by construction; a model's real bf16 logits are not."""
+    c = inputs.case
+    return topk_margin(inputs.router_logits, c.top_k, c.routing, **inputs.selection_kwargs) == 0
+
+
+def tie_aware_bound(
+    inputs: CaseInputs, arithmetic: Arithmetic
+) -> tuple[Bounded | Callable[[torch.Tensor], Bounded], int]:
+    """The oracle and bound of ``inputs``, and the number of tokens whose top-k boundary is an
+    exact tie. With such tokens, a function of the backend's output instead: on each tied token it
+    takes whichever resolution of the tie the output is closer to (ties to the lower index, as the
+    oracle breaks them, or to the higher), judged by the worst error/bound of that token's row.
+    The higher-index resolution nudges the logits, which is exact where selection orders the
+    logits themselves (Renormalize, GPT-OSS's routing, and the other logit-ordered methods)."""
+    low = reference_and_bound(inputs, arithmetic)
+    tied = tied_tokens(inputs)
+    n = int(tied.sum())
+    if n == 0:
+        return low, 0
+    z = inputs.router_logits.to(torch.float64)
+    # Nudge each logit up by a sliver of the smallest gap between distinct logits of its row, more
+    # for higher indices: exact ties now resolve to the higher index, no other order changes, and
+    # the routing weights move by about 2^-30 of a gap (far below any bound).
+    srt = torch.sort(z, dim=1).values
+    gaps = srt.diff(dim=1)
+    gaps = torch.where(gaps > 0, gaps, torch.full_like(gaps, math.inf)).amin(dim=1, keepdim=True)
+    gaps = torch.where(torch.isfinite(gaps), gaps, torch.ones_like(gaps))
+    e = z.shape[1]
+    nudge = gaps * 2.0**-30 * torch.arange(e, dtype=torch.float64, device=z.device) / e
+    high = reference_and_bound(dataclasses.replace(inputs, router_logits=z + nudge), arithmetic)
+
+    def choose(got: torch.Tensor) -> Bounded:
+        g = got.to(torch.float64)
+
+        def row_worst(b: Bounded) -> torch.Tensor:
+            ratio = (g - b.ref).abs() / b.bound
+            return torch.nan_to_num(ratio, nan=math.inf).amax(dim=1)
+
+        rows = (tied & (row_worst(high) < row_worst(low))).unsqueeze(1)
+        return Bounded(
+            ref=torch.where(rows, high.ref, low.ref),
+            rigorous=torch.where(rows, high.rigorous, low.rigorous),
+            probabilistic=torch.where(rows, high.probabilistic, low.probabilistic),
+        )
+
+    return choose, n

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mxmoe.harness.backend import Backend, BackendUnavailable
-from mxmoe.harness.bounds import Bounded, reference_and_bound
+from mxmoe.harness.bounds import Bounded, tie_aware_bound
 from mxmoe.harness.cases import Case
 from mxmoe.harness.inputs import CaseInputs, make_inputs
 from mxmoe.harness.platforms import check_arch, device_for, host_arch
@@ -253,7 +253,9 @@ def guarded_call(
     Raises only for the harness's own failures (making the oracle)."""
     d = backend.declaration
     if bounded is None:
-        bounded = reference_and_bound(inputs, d.arithmetic)
+        bounded, tied = tie_aware_bound(inputs, d.arithmetic)
+        if tied:
+            result.findings.append(f"{tied} token(s) routed at an exact top-k tie: judged by the closer resolution")
     before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
     shape = (inputs.case.tokens, inputs.case.hidden)
     try:

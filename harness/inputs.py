@@ -114,9 +114,14 @@ class CaseInputs:
         return out
 
     @property
+    def selection_kwargs(self) -> dict[str, object]:
+        """The keyword arguments of ``reference.routing.topk_margin``: what decides the selection."""
+        return _selection_kwargs(self.case, self.correction_bias)
+
+    @property
     def routing_kwargs(self) -> dict[str, object]:
         """The keyword arguments of ``reference.routing.route`` (and ``moe``) for this case."""
-        kw = _selection_kwargs(self.case, self.correction_bias)
+        kw = self.selection_kwargs
         if self.case.routing in ("DeepSeekV3", "MiniMax2"):
             kw["routed_scaling_factor"] = self.case.routed_scaling_factor
         return kw

@@ -12,7 +12,8 @@ not where its effect became visible.
 Real activations route on real logits, which are bf16 values and can tie exactly at the top-k
 boundary; kernels may break such a tie either way (AITER keeps the higher index, the oracle and
 triton_kernels the lower). A token routed at an exact tie is judged against the resolution its
-output is closer to (``tie_aware_bound``); the number of such tokens is reported.
+output is closer to (``bounds.tie_aware_bound``, as every guarded call does); the number of such
+tokens is reported.
 
 The whole-model comparison is the oracle-MoE model against X's: the KL divergence of X's
 next-token distribution from the oracle model's, and how often their top-1 tokens agree. These
@@ -23,7 +24,6 @@ output hides (one wrong scale byte moves KL by little and top-1 by nothing).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,56 +31,12 @@ from pathlib import Path
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic
-from mxmoe.harness.bounds import Bounded, reference_and_bound
+from mxmoe.harness.bounds import tied_tokens
 from mxmoe.harness.e2e.model import BackendMoE, MoEModel
 from mxmoe.harness.engine import Result, guarded_call, test_id
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.registry import Loaded
 from mxmoe.harness.results import Recorder, save_repro
-from mxmoe.reference.routing import topk_margin
-
-
-def tie_aware_bound(
-    inputs: CaseInputs, arithmetic: Arithmetic
-) -> tuple[Bounded | Callable[[torch.Tensor], Bounded], int]:
-    """The oracle and bound of ``inputs``, and the number of tokens whose top-k boundary is an
-    exact tie. With such tokens, a function of the backend's output instead: on each tied token it
-    takes whichever resolution of the tie the output is closer to (ties to the lower index, as the
-    oracle breaks them, or to the higher), judged by the worst error/bound of that token's row."""
-    c = inputs.case
-    low = reference_and_bound(inputs, arithmetic)
-    tied = topk_margin(inputs.router_logits, c.top_k, c.routing) == 0
-    n = int(tied.sum())
-    if n == 0:
-        return low, 0
-    z = inputs.router_logits.to(torch.float64)
-    # Nudge each logit up by a sliver of the smallest gap between distinct logits of its row, more
-    # for higher indices: exact ties now resolve to the higher index, no other order changes, and
-    # the routing weights move by about 2^-30 of a gap (far below any bound).
-    srt = torch.sort(z, dim=1).values
-    gaps = srt.diff(dim=1)
-    gaps = torch.where(gaps > 0, gaps, torch.full_like(gaps, math.inf)).amin(dim=1, keepdim=True)
-    gaps = torch.where(torch.isfinite(gaps), gaps, torch.ones_like(gaps))
-    e = z.shape[1]
-    nudge = gaps * 2.0**-30 * torch.arange(e, dtype=torch.float64, device=z.device) / e
-    high = reference_and_bound(dataclasses.replace(inputs, router_logits=z + nudge), arithmetic)
-
-    def choose(got: torch.Tensor) -> Bounded:
-        g = got.to(torch.float64)
-
-        def row_worst(b: Bounded) -> torch.Tensor:
-            ratio = (g - b.ref).abs() / b.bound
-            return torch.nan_to_num(ratio, nan=math.inf).amax(dim=1)
-
-        rows = (tied & (row_worst(high) < row_worst(low))).unsqueeze(1)
-        return Bounded(
-            ref=torch.where(rows, high.ref, low.ref),
-            rigorous=torch.where(rows, high.rigorous, low.rigorous),
-            probabilistic=torch.where(rows, high.probabilistic, low.probabilistic),
-        )
-
-    return choose, n
 
 
 @dataclass
@@ -116,12 +72,9 @@ class LayerChecker:
         tid = f"{test_id(d.id, moe.arch, inputs.case)}-layer{moe.layer}"
         result = Result(tid, d.id, moe.arch, inputs.case, "SKIP")
         start = time.perf_counter()
-        bounded, tied = tie_aware_bound(inputs, d.arithmetic)
-        got = guarded_call(backend, inputs, result, bounded=bounded, prepared=lambda: moe.prepared_for(inputs))
+        got = guarded_call(backend, inputs, result, prepared=lambda: moe.prepared_for(inputs))  # tie-aware
         result.seconds = time.perf_counter() - start
-        if tied:
-            result.findings.append(f"{tied} token(s) routed at an exact top-k tie: either choice accepted")
-        verdict = LayerVerdict(moe.layer, result, tied)
+        verdict = LayerVerdict(moe.layer, result, int(tied_tokens(inputs).sum()))
         if self.results is not None and result.outcome in ("FAIL", "ERROR"):
             verdict.repro = save_repro(self.results, result, inputs, loaded.spec)
         if self.recorder is not None:

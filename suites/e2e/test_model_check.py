@@ -12,10 +12,11 @@ import torch
 pytest.importorskip("transformers", reason="the model-level checks need transformers (pip install transformers)")
 
 from mxmoe.harness.backend import BackendUnavailable  # noqa: E402
+from mxmoe.harness.bounds import tie_aware_bound  # noqa: E402
 from mxmoe.harness.cli import main  # noqa: E402
 from mxmoe.harness.e2e import task  # noqa: E402
 from mxmoe.harness.e2e.checkpoint import open_checkpoint  # noqa: E402
-from mxmoe.harness.e2e.layercheck import check_model, tie_aware_bound  # noqa: E402
+from mxmoe.harness.e2e.layercheck import check_model  # noqa: E402
 from mxmoe.harness.e2e.model import MoEModel, layer_case  # noqa: E402
 from mxmoe.harness.e2e.tiny import TINY_DIR, accuracy  # noqa: E402
 from mxmoe.harness.honest import Oracle  # noqa: E402
@@ -119,6 +120,17 @@ def test_a_planted_fault_fails_at_its_layer_and_nowhere_else(tiny, fault, layer,
         assert found.comparison.top1_agreement >= 0.99, found.comparison
         print(f"one scale byte at layer {layer}: top-1 agreement {found.comparison.top1_agreement:.4f}, "
               f"KL {found.comparison.kl_mean:.2e}, layer verdict {planted.result.reason}")
+
+
+def test_breaking_real_routing_ties_the_other_way_is_not_a_fault(tiny):
+    """The catalogue's control that breaks ties toward the higher index (as AITER does) as every
+    layer's MoE: the model's real bf16 logits tie exactly at the top-k boundary on some tokens, and
+    each layer still PASSes (a tied token is judged by the resolution its output is closer to)."""
+    ckpt, tok, model = tiny
+    ids, mask = _batch(tok, 8)
+    found = check_model(model, ids, mask, _backend("mutant-ties-other-way"), _backend("oracle"))
+    assert sum(v.tied_tokens for v in found.layers) >= 1
+    assert found.passed, [(v.layer, v.result.reason) for v in found.layers]
 
 
 def test_a_layer_reproducer_replays_to_the_same_verdict(tiny, tmp_path, capsys):
