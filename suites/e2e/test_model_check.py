@@ -236,3 +236,40 @@ def test_a_backend_given_by_file_can_be_the_models_moe(tiny, tmp_path):
     ids, mask = _batch(tok, 2)
     found = check_model(model, ids, mask, load_spec(f"{path}:Mine"), _backend("oracle"))
     assert found.passed and found.backend == "my-moe"
+
+
+def test_a_backend_that_crashes_loses_no_other_backends_results(tmp_path, capsys):
+    """One backend raises inside a checked layer, another outside them (in an unchecked forward):
+    each is reported, and the backend after them is still checked."""
+    path = tmp_path / "flaky.py"
+    path.write_text(
+        "import dataclasses\n"
+        "from mxmoe.harness.honest import Oracle\n"
+        "class AtLayer2(Oracle):\n"
+        "    declaration = dataclasses.replace(Oracle.declaration, id='raises-at-layer2', kind='backend')\n"
+        "    calls = 0\n"
+        "    def run(self, prepared, inputs, out):\n"
+        "        AtLayer2.calls += 1\n"
+        "        if AtLayer2.calls > 4:  # layers 0 and 1 run twice each\n"
+        "            raise RuntimeError('boom')\n"
+        "        super().run(prepared, inputs, out)\n"
+        "class AfterCheck(Oracle):\n"
+        "    declaration = dataclasses.replace(Oracle.declaration, id='raises-after-check', kind='backend')\n"
+        "    calls = 0\n"
+        "    def run(self, prepared, inputs, out):\n"
+        "        AfterCheck.calls += 1\n"
+        "        if AfterCheck.calls > 8:  # the checked forward: 4 layers, twice each\n"
+        "            raise RuntimeError('boom after')\n"
+        "        super().run(prepared, inputs, out)\n"
+    )
+    rc = main(["model-check", "--model", "tiny", "--backend-file", f"{path}:AtLayer2", "--backend-file",
+               f"{path}:AfterCheck", "--backend", "raises-at-layer2", "--backend", "raises-after-check",
+               "--backend", "emulation", "--batch", "2", "--repeats", "1", "--results", str(tmp_path)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "checked forward stopped: layer 2: the backend raised" in captured.out
+    assert "raises-after-check raised outside the checked layers" in captured.err and "boom after" in captured.err
+    assert "forward (emulation, unchecked)" in captured.out  # the backend after them ran
+    summary = json.loads((tmp_path / "model-check-raises-at-layer2-cpu.json").read_text())
+    assert summary["first_failure"] == 2 and summary["layers"][2]["outcome"] == "ERROR"
+    assert (tmp_path / "model-check-emulation-cpu.json").is_file()
