@@ -54,14 +54,7 @@ def _tokens(ckpt: object, args: argparse.Namespace) -> tuple[torch.Tensor, torch
             prompt, shown, correct = task.format_prompt(row)
             texts.append(prompt + task.answer_text(shown[correct]))
         what = f"{len(texts)} questions of the synthetic task (prompt and answer)"
-    seqs = [tok.encode(t).ids[: args.tokens] for t in texts]
-    width = max(len(s) for s in seqs)
-    pad = tok.token_to_id("<|pad|>") or 0
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = True
+    ids, mask = task.pad_batch([tok.encode(t).ids[: args.tokens] for t in texts], tok.token_to_id("<|pad|>") or 0)
     return ids, mask, f"{what}, {int(mask.sum())} tokens"
 
 

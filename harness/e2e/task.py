@@ -138,6 +138,18 @@ def read_csv(path: str | Path) -> list[dict]:
     return rows
 
 
+def pad_batch(seqs: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as one right-padded batch [B, S] and the mask of real tokens. Right padding
+    needs no attention mask in a causal model: padding comes after every real token."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 """input ids [B, S] (right-padded) -> logits [B, S, V]."""
 
@@ -160,10 +172,7 @@ def score_choices(
     scores: list[float] = []
     for i in range(0, len(seqs), batch):
         chunk = seqs[i : i + batch]
-        width = max(len(s) for s, _ in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        for j, (s, _) in enumerate(chunk):
-            ids[j, : len(s)] = torch.tensor(s)
+        ids, _ = pad_batch([s for s, _ in chunk], pad_id)
         logp = torch.log_softmax(logits_fn(ids).float(), dim=-1)
         for j, (s, start) in enumerate(chunk):
             targets = torch.tensor(s[start:])

@@ -99,13 +99,10 @@ class _FakeMxfp4(torch.nn.Module):
 def _batch(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids, and per-position loss weights of the next token: ``TEXT_WEIGHT`` on the
     text (it teaches the words), 1 on the answer (from ``start`` on), 0 on the padding."""
-    width = max(len(s) for s, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    weights = torch.zeros(len(examples), width)
+    ids, mask = task.pad_batch([s for s, _ in examples], pad_id)
+    weights = mask.float() * TEXT_WEIGHT
     for i, (s, start) in enumerate(examples):
-        ids[i, : len(s)] = torch.tensor(s)
-        weights[i, : len(s)] = TEXT_WEIGHT
-        weights[i, start : len(s)] = 1.0 if start else TEXT_WEIGHT
+        weights[i, start : len(s)] = 1.0
     return ids, weights
 
 

@@ -45,12 +45,7 @@ def _batch(tok, n):
     for row in rows:
         prompt, shown, correct = task.format_prompt(row)
         seqs.append(tok.encode(prompt + task.answer_text(shown[correct])).ids)
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), True
-    return ids, mask
+    return task.pad_batch(seqs, pad_id=0)
 
 
 def test_the_oracle_moe_model_answers_the_task_far_above_chance(tiny):
