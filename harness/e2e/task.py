@@ -175,7 +175,7 @@ def score_choices(
         ids, _ = pad_batch([s for s, _ in chunk], pad_id)
         logp = torch.log_softmax(logits_fn(ids).float(), dim=-1)
         for j, (s, start) in enumerate(chunk):
-            targets = torch.tensor(s[start:])
+            targets = torch.tensor(s[start:], device=logp.device)
             scores.append(float(logp[j, start - 1 : len(s) - 1].gather(1, targets[:, None]).sum()))
     out = []
     for q, letter in enumerate(truth):
