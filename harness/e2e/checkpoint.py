@@ -321,16 +321,16 @@ def open_checkpoint(spec: str) -> Checkpoint:
     return GptOssCheckpoint(spec)
 
 
-def write_checkpoint(out: str | Path, tensors: dict[str, torch.Tensor], config: dict, dtype_note: str = "") -> None:
-    """Write ``config.json`` and ``model.safetensors`` (GPT-OSS's names; metadata format 'pt')."""
+def write_checkpoint(out: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (GPT-OSS's names; metadata format 'pt' and
+    nothing else: safetensors writes metadata keys in hash order, so a second key would make the
+    same tensors a different file from run to run)."""
     from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     meta = {"format": "pt"}
-    if dtype_note:
-        meta["note"] = dtype_note
     # clone: tensors that share storage (one array under two names) would be refused by safetensors
     data = {k: v.contiguous().clone() for k, v in sorted(tensors.items())}
     save_file(data, str(out / "model.safetensors"), metadata=meta)

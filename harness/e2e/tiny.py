@@ -197,7 +197,7 @@ def train(
         fp32_acc = accuracy(lambda ids: model(input_ids=ids).logits, encode, test_rows, pad_id)
         log(f"float32 model (unquantized experts): test accuracy {fp32_acc:.3f}")
         state = quantized_state(model)
-        write_checkpoint(out, state, config_dict(), dtype_note="bf16 non-expert weights, MXFP4 experts")
+        write_checkpoint(out, state, config_dict())
         oracle_acc = oracle_accuracy(out, test_rows)
         log(f"MXFP4 checkpoint through the oracle's MoE: test accuracy {oracle_acc:.3f}")
         summary = {
