@@ -27,7 +27,6 @@ weights cannot be fetched. ``write_checkpoint`` writes the real format (the tiny
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -78,7 +77,8 @@ class _Shapes:
             )
 
     def expected(self, layer: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Expected shape and dtype of each of a layer's MoE tensors, by checkpoint name."""
+        """Expected shape and dtype of each of a layer's expert tensors, by checkpoint name (the
+        router and the rest are checked against transformers' model when it loads them)."""
         e, h, i = self.experts, self.hidden, self.intermediate
         out = {
             expert_name(layer, "gate_up_proj_blocks"): ((e, 2 * i, h // BLOCK, 16), torch.uint8),
@@ -87,8 +87,6 @@ class _Shapes:
             expert_name(layer, "down_proj_blocks"): ((e, h, i // BLOCK, 16), torch.uint8),
             expert_name(layer, "down_proj_scales"): ((e, h, i // BLOCK), torch.uint8),
             expert_name(layer, "down_proj_bias"): ((e, h), torch.bfloat16),
-            f"model.layers.{layer}.mlp.router.weight": ((e, h), torch.bfloat16),
-            f"model.layers.{layer}.mlp.router.bias": ((e,), torch.bfloat16),
         }
         return out
 
@@ -141,7 +139,7 @@ class Checkpoint:
         if not 0 <= layer < s.layers:
             raise CheckpointError(f"{self.where}: layer must be in 0..{s.layers - 1}, got {layer}")
         exp = s.expected(layer)
-        t = {name: self.tensor(name, *exp[name], device=device) for name in exp if ".experts." in name}
+        t = {name: self.tensor(name, *exp[name], device=device) for name in exp}
         for part in ("gate_up_proj_scales", "down_proj_scales"):
             name = expert_name(layer, part)
             nan = torch.nonzero(t[name] == E8M0_NAN)
@@ -165,16 +163,6 @@ class Checkpoint:
             w2_bias=t[expert_name(layer, "down_proj_bias")],
             w13_layout="interleaved",
         )
-
-    def router(self, layer: int, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``layer``'s router (weight [E, H], bias [E])."""
-        exp = self.shapes.expected(layer)
-        w, b = (f"model.layers.{layer}.mlp.router.{p}" for p in ("weight", "bias"))
-        return self.tensor(w, *exp[w], device=device), self.tensor(b, *exp[b], device=device)
-
-    def dense_names(self) -> list[str]:
-        """Every tensor that is not an expert's (attention, norms, router, embeddings, lm_head)."""
-        return [n for n in self.names() if ".mlp.experts." not in n]
 
 
 class GptOssCheckpoint(Checkpoint):
@@ -335,8 +323,3 @@ def write_checkpoint(out: str | Path, tensors: dict[str, torch.Tensor], config: 
     data = {k: v.contiguous().clone() for k, v in sorted(tensors.items())}
     save_file(data, str(out / "model.safetensors"), metadata=meta)
 
-
-def missing_tensors(ckpt: Checkpoint, expected: Iterable[str]) -> list[str]:
-    """The names in ``expected`` that the checkpoint lacks."""
-    have = set(ckpt.names())
-    return [n for n in expected if n not in have]
