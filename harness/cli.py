@@ -13,6 +13,7 @@
   Python sources) into the git-ignored cache (``harness.vendor``, ``harness.vllm_drift``).
 * ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
 * ``model-check``, ``make-tiny``: model-level checks of GPT-OSS (``harness.e2e.cli``).
+* ``gpqa``: GPQA through lm-eval, in this process or against a server (``harness.gpqa.cli``).
 """
 
 from __future__ import annotations
@@ -704,8 +705,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_replay, parser=p)
 
     from mxmoe.harness.e2e.cli import add_parsers as add_e2e
+    from mxmoe.harness.gpqa.cli import add_parsers as add_gpqa
 
     add_e2e(sub)
+    add_gpqa(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ when the test runs (a SKIP with the engine's reason), never at collection.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 
@@ -94,6 +95,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     use_triton_interpreter_without_gpu()  # before any test module imports triton
     settings.load_profile(config.getoption("--profile"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # Each xdist worker would otherwise start one compute thread per core: on CI's 2 cores two
+        # workers' CPU forwards then contend and run several times slower than one worker alone.
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(scope="session")

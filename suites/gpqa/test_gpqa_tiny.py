@@ -1,0 +1,260 @@
+"""GPQA through lm-eval on the tiny GPT-OSS and its generated GPQA-format task: the oracle's
+accuracy and interval, honest backends not different from it, catalogue faults flagged by the
+paired test, and the server route (a server that is unreachable, answers garbage or dies is an
+error, never an accuracy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("transformers", reason="the GPQA runs need transformers (pip install transformers)")
+pytest.importorskip("lm_eval", reason="the GPQA runs need lm-eval (pip install 'lm-eval[api]')")
+pytest.importorskip("statsmodels", reason="the GPQA statistics need statsmodels (pip install statsmodels)")
+
+from mxmoe.harness.cli import main  # noqa: E402
+from mxmoe.harness.e2e import task  # noqa: E402
+from mxmoe.harness.e2e.tiny import TINY_DIR  # noqa: E402
+
+TASK = "gpqa_diamond_mc"
+FAULTS = ("mutant-rows-unwritten", "mutant-nibble-order")
+
+
+def summary(out, label, task_name=TASK):
+    return json.loads((out / f"gpqa-{task_name}-{label}.json").read_text())
+
+
+def no_question_text_in(folder):
+    """No question or answer text of the task appears in any file written."""
+    rows = task.read_csv(TINY_DIR / "task-test.csv")
+    texts = {r["Question"] for r in rows}
+    blob = "\n".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
+    return not any(t in blob for t in texts)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """All 200 questions: the oracle first, then emulation and two catalogue faults against it."""
+    out = tmp_path_factory.mktemp("gpqa-full")
+    argv = ["gpqa", "--model", "tiny", "--task", TASK, "--baseline", "oracle", "--backend", "emulation",
+            *(a for f in FAULTS for a in ("--backend", f)), "--results", str(out)]  # fmt: skip
+    return main(argv), out
+
+
+def test_oracle_accuracy_and_interval(full_run):
+    status, out = full_run
+    s = summary(out, "oracle")
+    a = s["accuracy"]
+    assert s["outcome"] == "PASS" and s["threshold"]["value"] == pytest.approx(0.94)
+    assert a["samples"] == 200 and a["accuracy"] > 0.95
+    assert a["low"] < a["accuracy"] < a["high"] <= 1.0 and a["low"] > 0.9  # chance is 0.25
+    # lm-eval's own result file says the same accuracy
+    lm_eval = json.loads((out / f"gpqa-{TASK}-oracle-results.json").read_text())
+    assert lm_eval["results"][f"mxmoe_{TASK}"]["acc,none"] == pytest.approx(a["accuracy"])
+    assert "samples" not in lm_eval
+
+
+def test_emulation_is_not_different_from_the_oracle(full_run):
+    _, out = full_run
+    s = summary(out, "emulation")
+    assert s["outcome"] == "PASS" and s["baseline"] == "oracle"
+    assert not s["paired"]["differs"] and s["paired"]["agreement"] > 0.97
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_catalogue_faults_are_flagged_by_the_paired_test(full_run, fault):
+    status, out = full_run
+    s = summary(out, fault)
+    assert status == 1
+    assert s["outcome"] == "FAIL" and s["paired"]["differs"] and s["paired"]["mcnemar_p"] < 1e-6
+    assert s["paired"]["baseline_only"] > 10 * max(1, s["paired"]["backend_only"])
+    assert "McNemar" in s["reason"]
+
+
+def test_samples_carry_no_text_and_pair_across_runs(full_run, tmp_path):
+    _, out = full_run
+    recs = [json.loads(line) for line in (out / f"gpqa-{TASK}-emulation-samples.jsonl").read_text().splitlines()]
+    assert len(recs) == 200
+    assert set(recs[0]) == {"question_id", "repeat", "permutation", "answer", "extracted", "correct"}
+    assert no_question_text_in(out)
+    # a previous run's per-sample file as the baseline: the same samples, judged alike
+    previous = out / f"gpqa-{TASK}-oracle-samples.jsonl"
+    status = main(["gpqa", "--model", "tiny", "--task", TASK, "--backend", "mutant-nibble-order",
+                   "--baseline", str(previous), "--results", str(tmp_path)])  # fmt: skip
+    s = summary(tmp_path, "mutant-nibble-order")
+    assert status == 1 and s["baseline"] == "oracle" and s["paired"]["differs"]
+
+
+def test_portable_triton_is_not_different_from_the_oracle(tmp_path, profile):
+    # Under Triton's interpreter (a CPU) 8 questions take about 90 s: the pr profile samples 8
+    # (OpenAI's draw), nightly runs all 200.
+    limit = ["--limit", "8"] if profile == "pr" else []
+    status = main(["gpqa", "--model", "tiny", "--task", TASK, *limit, "--batch", "32", "--baseline", "oracle",
+                   "--backend", "portable-triton", "--results", str(tmp_path)])  # fmt: skip
+    s = summary(tmp_path, "portable-triton")
+    if s["outcome"] == "ERROR" and "cannot run here" in s["reason"]:
+        pytest.skip(s["reason"])
+    assert status == 0 and s["outcome"] == "PASS" and not s["paired"]["differs"]
+    assert s["paired"]["agreement"] > 0.97 and s["accuracy"]["samples"] == (8 if limit else 200)
+
+
+def test_missing_data_file_fails_clearly_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exc:
+        main(["gpqa", "--model", "tiny", "--backend", "oracle", "--data", str(tmp_path / "gpqa_diamond.csv"),
+              "--results", str(out)])  # fmt: skip
+    assert exc.value.code == 2
+    assert "--data: no such file" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_fails_clearly_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "results"
+    status = main(["gpqa", "--base-url", f"http://127.0.0.1:{_closed_port()}/v1", "--backend", "triton",
+                   "--data", str(TINY_DIR / "task-test.csv"), "--results", str(out)])  # fmt: skip
+    assert status == 2
+    assert "unreachable" in capsys.readouterr().err
+    assert not out.exists()
+
+
+class _Server:
+    """An OpenAI-compatible server on loopback, its chat answers from ``answer(payload)``."""
+
+    def __init__(self, answer, model_id="tiny-gpt-oss"):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, obj, code=200):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send({"object": "list", "data": [{"id": model_id, "object": "model"}]})
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.payloads.append(payload)
+                self._send(answer(payload))
+
+        self.payloads = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_server_answering_garbage_is_an_error_not_an_accuracy(tmp_path, capsys):
+    srv = _Server(lambda payload: {"oops": "not a completion"})
+    try:
+        status = main(["gpqa", "--base-url", srv.url, "--backend", "triton", "--data",
+                       str(TINY_DIR / "task-test.csv"), "--limit", "4", "--max-tokens", "8", "--concurrency", "1",
+                       "--results", str(tmp_path)])  # fmt: skip
+    finally:
+        srv.close()
+    s = summary(tmp_path, "server-triton", "gpqa_diamond_cot")
+    assert status == 1 and s["outcome"] == "ERROR" and s["accuracy"] is None
+    assert "not a chat completion" in s["reason"]
+    assert not (tmp_path / "gpqa-gpqa_diamond_cot-server-triton-samples.jsonl").exists()
+
+
+FAKE_VLLM = """\
+#!{python}
+# A stand-in for the `vllm` command line, for the harness's server lifecycle: it logs, then dies.
+import sys
+print("INFO starting vLLM API server for", sys.argv[2], "with", " ".join(sys.argv[3:]), flush=True)
+print("ERROR CUDA error: an illegal memory access was encountered", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_server_that_dies_is_an_error_with_its_log_tail(tmp_path, monkeypatch, capsys):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "vllm"
+    exe.write_text(textwrap.dedent(FAKE_VLLM).format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "results"
+    status = main(["gpqa", "--serve", "vllm", "--model", "/models/gpt-oss-20b", "--backend", "triton", "--data",
+                   str(TINY_DIR / "task-test.csv"), "--results", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "exited with code 3" in err and "illegal memory access" in err and "--moe-backend triton" in err
+    assert not list(out.glob("gpqa-*"))
+
+
+def test_serve_refuses_an_unknown_moe_backend(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["gpqa", "--serve", "vllm", "--model", "/models/gpt-oss-20b", "--backend", "tritn", "--data",
+              str(TINY_DIR / "task-test.csv"), "--results", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "tritn" in err and "triton_unfused" in err
+
+
+def test_the_server_route_gives_the_in_process_samples(tmp_path):
+    """The tiny model served over loopback (its generation, its chat template, the seed of each
+    request) gives, sample for sample, what the in-process run gives: the client sends each
+    sample's own seed and parses what comes back exactly."""
+    from tokenizers import Tokenizer
+
+    from mxmoe.harness.e2e.checkpoint import open_checkpoint
+    from mxmoe.harness.e2e.model import MoEModel
+    from mxmoe.harness.gpqa.lm import MoELM, chat_template_of
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.registry import discover, select
+
+    common = ["--task", "gpqa_diamond_cot", "--limit", "3", "--repeats", "2", "--max-tokens", "12"]
+    local = tmp_path / "local"
+    argv = ["gpqa", "--model", "tiny", "--backend", "oracle", "--batch", "1", *common, "--results", str(local)]
+    assert main(argv) == 0
+
+    model = MoEModel(open_checkpoint("tiny"), host_arch())
+    model.use(select(discover(), ("oracle",))[0])
+    lm = MoELM(model, Tokenizer.from_file(str(TINY_DIR / "tokenizer.json")), chat_template_of(TINY_DIR), "low")
+    lock = threading.Lock()
+
+    def answer(payload):
+        with lock:
+            context = lm.apply_chat_template(payload["messages"])
+            text = lm._generate([context], [payload["seed"]], max_gen_toks=payload["max_tokens"],
+                                temperature=payload["temperature"], do_sample=True)[0]  # fmt: skip
+        message = {"role": "assistant", "content": text}
+        return {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop", "message": message}]}
+
+    srv = _Server(answer)
+    remote = tmp_path / "remote"
+    try:
+        status = main(["gpqa", "--base-url", srv.url, "--backend", "oracle", "--data", str(TINY_DIR / "task-test.csv"),
+                       "--concurrency", "2", *common, "--results", str(remote)])  # fmt: skip
+    finally:
+        srv.close()
+    assert status == 0
+    assert all(p["reasoning_effort"] == "low" and p["temperature"] == 1.0 for p in srv.payloads)
+    got = (remote / "gpqa-gpqa_diamond_cot-server-oracle-samples.jsonl").read_text()
+    want = (local / "gpqa-gpqa_diamond_cot-oracle-samples.jsonl").read_text()
+    assert got == want and len(got.splitlines()) == 6
+    assert len({json.loads(line)["seed"] for line in got.splitlines()}) == 6
