@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from mxmoe.harness.gpqa.data import mc_prompt
 from mxmoe.harness.inputs import seed_for
 
 COLUMNS = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
@@ -105,9 +106,7 @@ def format_prompt(row: dict, repeat: int = 0) -> tuple[str, list[str], int]:
     answers = [row["Correct Answer"], row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Incorrect Answer 3"]]
     order = choice_order(row["Record ID"], repeat)
     shown = [answers[j] for j in order]
-    lines = [f"({LETTERS[i]}) {a}" for i, a in enumerate(shown)]
-    prompt = "What is the correct answer to this question:" + row["Question"] + "\nChoices:\n" + "\n".join(lines)
-    return prompt + "\nAnswer:", shown, order.index(0)
+    return mc_prompt(row["Question"], shown), shown, order.index(0)
 
 
 def answer_text(answer: str) -> str:
