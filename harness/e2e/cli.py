@@ -8,9 +8,14 @@ import json
 import statistics
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from mxmoe.harness.registry import Loaded
 
 
 def _plant(value: str) -> tuple[int, str]:
@@ -58,22 +63,20 @@ def _tokens(ckpt: object, args: argparse.Namespace) -> tuple[torch.Tensor, torch
     return ids, mask, f"{what}, {int(mask.sum())} tokens"
 
 
-def _cmd_model_check(args: argparse.Namespace) -> int:
-    from mxmoe.harness.backend import BackendUnavailable
-    from mxmoe.harness.cli import UsageError, _host_line
-    from mxmoe.harness.e2e.checkpoint import CheckpointError, open_checkpoint
-    from mxmoe.harness.e2e.layercheck import check_model
-    from mxmoe.harness.e2e.model import MoEModel
+def backend_picker(backend_files: list[str]) -> Callable[[str, str], Loaded]:
+    """``one(pattern, what)``: the single backend ``pattern`` names among the registry's, the files
+    given and the catalogue's faults (which can be planted or run whole); a UsageError naming
+    ``what`` when it names none or several."""
+    from mxmoe.harness.cli import UsageError
     from mxmoe.harness.mutants import mutant_specs
-    from mxmoe.harness.platforms import host_arch
     from mxmoe.harness.registry import discover, select
 
-    try:  # the registry's backends, the files given, and the catalogue's faults (to plant)
-        loaded = discover((*args.backend_file, *mutant_specs()))
+    try:
+        loaded = discover((*backend_files, *mutant_specs()))
     except ValueError as exc:
         raise UsageError(f"--backend-file: {exc}") from None
 
-    def one(pattern: str, what: str):  # noqa: ANN202
+    def one(pattern: str, what: str) -> Loaded:
         try:
             hits = select(loaded, (pattern,))
         except ValueError as exc:
@@ -82,6 +85,18 @@ def _cmd_model_check(args: argparse.Namespace) -> int:
             raise UsageError(f"{what} {pattern!r} matches {len(hits)} backends; name exactly one")
         return hits[0]
 
+    return one
+
+
+def _cmd_model_check(args: argparse.Namespace) -> int:
+    from mxmoe.harness.backend import BackendUnavailable
+    from mxmoe.harness.cli import UsageError, _host_line
+    from mxmoe.harness.e2e.checkpoint import CheckpointError, open_checkpoint
+    from mxmoe.harness.e2e.layercheck import check_model
+    from mxmoe.harness.e2e.model import MoEModel
+    from mxmoe.harness.platforms import host_arch
+
+    one = backend_picker(args.backend_file)
     backends = [one(b, "--backend") for b in args.backend]
     plants = {layer: one(ident, f"--plant {layer}=") for layer, ident in args.plant}
     oracle = one("oracle", "oracle")

@@ -135,27 +135,13 @@ def _in_process(args: argparse.Namespace, spec: Any, out: Path) -> int:
     from mxmoe.harness.backend import BackendUnavailable
     from mxmoe.harness.cli import UsageError
     from mxmoe.harness.e2e.checkpoint import CheckpointError, open_checkpoint
+    from mxmoe.harness.e2e.cli import backend_picker
     from mxmoe.harness.e2e.model import MoEModel
     from mxmoe.harness.gpqa import run
     from mxmoe.harness.gpqa.lm import MoELM, chat_template_of
-    from mxmoe.harness.mutants import mutant_specs
     from mxmoe.harness.platforms import host_arch
-    from mxmoe.harness.registry import discover, select
 
-    try:
-        loaded = discover((*args.backend_file, *mutant_specs()))
-    except ValueError as exc:
-        raise UsageError(f"--backend-file: {exc}") from None
-
-    def one(pattern: str, what: str) -> Any:
-        try:
-            hits = select(loaded, (pattern,))
-        except ValueError as exc:
-            raise UsageError(f"{what}: {exc}") from None
-        if len(hits) != 1:
-            raise UsageError(f"{what} {pattern!r} matches {len(hits)} backends; name exactly one")
-        return hits[0]
-
+    one = backend_picker(args.backend_file)
     backends = [one(b, "--backend") for b in args.backend]
     plants = {layer: one(ident, f"--plant {layer}=") for layer, ident in args.plant}
     previous = _baseline_records(args, spec)

@@ -30,6 +30,7 @@ try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
     from lm_eval.models.openai_completions import LocalChatCompletion
+    from tqdm import tqdm
 except ImportError as exc:  # the GPQA subcommand reports it; nothing else in the project needs lm-eval
     raise ImportError(f"the GPQA runs need lm-eval (pip install 'lm-eval[api]'): {exc}") from exc
 
@@ -82,6 +83,43 @@ class MoELM(LM):
         self.forward_seconds = 0.0
         self._chat = None
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> MoELM:
+        """``lm_eval.simple_evaluate(model="mxmoe", model_args="model=tiny,backend=triton,effort=low,batch_size=8")``
+        (after importing this module): the checkpoint (a folder, ``tiny``) through one registry backend."""
+        from lm_eval.utils import simple_parse_args_string
+
+        args = simple_parse_args_string(arg_string)
+        extra = {k: v for k, v in (additional_config or {}).items() if k == "batch_size" and v is not None}
+        unknown = set(args) - {"model", "backend", "effort", "batch_size"}
+        if unknown or "model" not in args or "backend" not in args:
+            raise ValueError(f"model_args for mxmoe: model=PATH|tiny, backend=ID, effort=low|medium|high, "
+                             f"batch_size=N; got {arg_string!r}")  # fmt: skip
+        return cls.load(str(args["model"]), str(args["backend"]), str(args.get("effort", "low")),
+                        int(extra.get("batch_size", args.get("batch_size", 8))))  # fmt: skip
+
+    @classmethod
+    def load(cls, model: str, backend: str, effort: str = "low", batch_size: int = 8) -> MoELM:
+        """The checkpoint ``model`` on this host, every MoE layer through the registry backend ``backend``."""
+        from tokenizers import Tokenizer
+
+        from mxmoe.harness.e2e.checkpoint import open_checkpoint
+        from mxmoe.harness.e2e.model import MoEModel
+        from mxmoe.harness.platforms import host_arch
+        from mxmoe.harness.registry import discover, select
+
+        ckpt = open_checkpoint(model)
+        folder = getattr(ckpt, "path", None)
+        if folder is None or not (folder / "tokenizer.json").is_file():
+            raise ValueError(f"{ckpt.where}: GPQA needs the checkpoint's tokenizer.json")
+        hits = select(discover(), (backend,))
+        if len(hits) != 1:
+            raise ValueError(f"backend {backend!r} matches {len(hits)} backends; name exactly one")
+        moe = MoEModel(ckpt, host_arch())
+        moe.use(hits[0])
+        return cls(moe, Tokenizer.from_file(str(folder / "tokenizer.json")), chat_template_of(folder), effort,
+                   batch_size)  # fmt: skip
+
     # -- lm-eval's chat-template hooks
     @property
     def tokenizer_name(self) -> str:
@@ -132,6 +170,7 @@ class MoELM(LM):
             seqs.append((whole[-self.max_length :], start - max(0, len(whole) - self.max_length)))
         out: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
         order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))
+        bar = tqdm(total=len(seqs), desc="log-likelihoods", disable=disable_tqdm)
         for b in range(0, len(order), self.batch_size):
             idx = order[b : b + self.batch_size]
             ids, _ = task.pad_batch([seqs[i][0] for i in idx], self.pad_id)
@@ -141,6 +180,8 @@ class MoELM(LM):
                 targets = torch.tensor(s[start:], device=logp.device)
                 rows = logp[j, start - 1 : len(s) - 1]
                 out[i] = (float(rows.gather(1, targets[:, None]).sum()), bool((rows.argmax(-1) == targets).all()))
+            bar.update(len(idx))
+        bar.close()
         return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
@@ -153,6 +194,7 @@ class MoELM(LM):
         groups: dict[str, list[int]] = collections.defaultdict(list)
         for i, req in enumerate(requests):
             groups[json.dumps(req.args[1], sort_keys=True, default=str)].append(i)
+        bar = tqdm(total=len(requests), desc="generations", disable=disable_tqdm)
         for members in groups.values():
             kwargs = dict(requests[members[0]].args[1])
             effort = kwargs.pop("reasoning_effort", self.effort)
@@ -165,6 +207,8 @@ class MoELM(LM):
                                        **kwargs)  # fmt: skip
                 for i, text in zip(idx, texts):
                     out[i] = text
+                bar.update(len(idx))
+        bar.close()
         return out
 
     @torch.no_grad()
@@ -265,11 +309,33 @@ class ServerChatLM(LocalChatCompletion):
             self._seeds[str(req.args[0])].append(sample_seed(req.doc))
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
-    def create_message(self, messages: Any, generate: bool = False) -> Any:
+    def _take(self, messages: Any) -> tuple[str, int | None]:
         key = str(messages[0]) if isinstance(messages, list | tuple) and messages else str(messages)
         queue = self._seeds.get(key)
         self._seed_now = queue.popleft() if queue else None
-        return super().create_message(messages, generate=generate)
+        return key, self._seed_now
+
+    def _give_back(self, key: str, seed: int | None) -> None:
+        """A failed request's seed goes back, so that its retry sends the same seed."""
+        if seed is not None:
+            self._seeds[key].appendleft(seed)
+
+    def model_call(self, messages: Any, **kwargs: Any) -> Any:
+        key, seed = self._take(messages)
+        try:
+            return super().model_call(messages, **kwargs)
+        except BaseException:
+            self._give_back(key, seed)
+            raise
+
+    async def amodel_call(self, session: Any, sem: Any, messages: Any, **kwargs: Any) -> Any:
+        # the payload is built before the first await inside, so _seed_now is still this call's
+        key, seed = self._take(messages)
+        try:
+            return await super().amodel_call(session, sem, messages, **kwargs)
+        except BaseException:
+            self._give_back(key, seed)
+            raise
 
     def _create_payload(self, messages: Any, generate: bool = False, gen_kwargs: dict | None = None,
                         seed: int = 1234, eos: Any = None, **kwargs: Any) -> dict:  # fmt: skip

@@ -155,7 +155,8 @@ class _Server:
             def do_POST(self):
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.payloads.append(payload)
-                self._send(answer(payload))
+                reply = answer(payload)
+                self._send(reply or {"error": "overloaded"}, 200 if reply else 503)
 
         self.payloads = []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -179,6 +180,28 @@ def test_a_server_answering_garbage_is_an_error_not_an_accuracy(tmp_path, capsys
     assert status == 1 and s["outcome"] == "ERROR" and s["accuracy"] is None
     assert "not a chat completion" in s["reason"]
     assert not (tmp_path / "gpqa-gpqa_diamond_cot-server-triton-samples.jsonl").exists()
+
+
+def test_a_retried_request_keeps_its_samples_seed(tmp_path):
+    calls = []
+
+    def answer(payload):  # the first request fails once (503), as an overloaded server does
+        calls.append(payload["seed"])
+        if len(calls) == 1:
+            return None
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Answer: A"}}]}
+
+    srv = _Server(answer)
+    try:
+        status = main(["gpqa", "--base-url", srv.url, "--backend", "echo", "--data", str(TINY_DIR / "task-test.csv"),
+                       "--limit", "3", "--concurrency", "1", "--results", str(tmp_path)])  # fmt: skip
+    finally:
+        srv.close()
+    lines = (tmp_path / "gpqa-gpqa_diamond_cot-server-echo-samples.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    assert status == 0 and len(calls) == 4 and calls[0] == calls[1]
+    assert sorted(calls[1:]) == sorted(r["seed"] for r in recs)
+    assert all(r["extracted"] == "A" for r in recs)
 
 
 FAKE_VLLM = """\
@@ -258,3 +281,22 @@ def test_the_server_route_gives_the_in_process_samples(tmp_path):
     want = (local / "gpqa-gpqa_diamond_cot-oracle-samples.jsonl").read_text()
     assert got == want and len(got.splitlines()) == 6
     assert len({json.loads(line)["seed"] for line in got.splitlines()}) == 6
+
+
+def test_lm_eval_runs_the_registered_model_on_the_project_tasks():
+    """lm-eval's own API: the model registered as ``mxmoe`` and the task YAMLs, no project CLI."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import mxmoe.harness.gpqa.lm  # noqa: F401 (registers "mxmoe" with lm-eval)
+    from mxmoe.harness.gpqa.run import TASKS_DIR
+
+    meta = {"data": str(TINY_DIR / "task-test.csv"), "limit": 12}
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
+    out = lm_eval.simple_evaluate(model="mxmoe", model_args="model=tiny,backend=emulation,batch_size=16",
+                                  tasks=[f"mxmoe_{TASK}"], task_manager=manager, bootstrap_iters=0)  # fmt: skip
+    assert out["results"][f"mxmoe_{TASK}"]["acc,none"] > 0.8
+    assert len(out["samples"][f"mxmoe_{TASK}"]) == 12
+    with pytest.raises(ValueError, match="model=PATH"):
+        lm_eval.simple_evaluate(model="mxmoe", model_args="checkpoint=tiny", tasks=[f"mxmoe_{TASK}"],
+                                task_manager=manager)  # fmt: skip
