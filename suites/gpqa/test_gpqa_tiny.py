@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -215,12 +214,7 @@ sys.exit(3)
 
 
 def test_a_server_that_dies_is_an_error_with_its_log_tail(tmp_path, monkeypatch, capsys):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "vllm"
-    exe.write_text(textwrap.dedent(FAKE_VLLM).format(python=sys.executable))
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _fake_vllm(tmp_path, monkeypatch, FAKE_VLLM)
     out = tmp_path / "results"
     status = main(["gpqa", "--serve", "vllm", "--model", "/models/gpt-oss-20b", "--backend", "triton", "--data",
                    str(TINY_DIR / "task-test.csv"), "--results", str(out)])  # fmt: skip
@@ -228,6 +222,86 @@ def test_a_server_that_dies_is_an_error_with_its_log_tail(tmp_path, monkeypatch,
     assert status == 2
     assert "exited with code 3" in err and "illegal memory access" in err and "--moe-backend triton" in err
     assert not list(out.glob("gpqa-*"))
+
+
+FAKE_VLLM_SERVING = """\
+#!{python}
+# A stand-in for `vllm serve`: it answers every chat request with "Answer: A"; with
+# FAKE_VLLM_DIE_AFTER=N it dies at request N + 1, as a server whose engine crashes mid-run.
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
+answered = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send({{"data": [{{"id": "fake-model"}}]}})
+
+    def do_POST(self):
+        global answered
+        self.rfile.read(int(self.headers["Content-Length"]))
+        answered += 1
+        if die_after and answered > die_after:
+            print("ERROR EngineCore died unexpectedly", flush=True)
+            os._exit(7)
+        self._send({{"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "Answer: A"}}}}]}})
+
+
+print("INFO serving", sys.argv[2], "on port", port, flush=True)
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def _fake_vllm(tmp_path, monkeypatch, script):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "vllm"
+    exe.write_text(script.format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_the_harness_starts_the_server_runs_and_stops_it(tmp_path, monkeypatch):
+    import socket
+
+    _fake_vllm(tmp_path, monkeypatch, FAKE_VLLM_SERVING)
+    out = tmp_path / "results"
+    status = main(["gpqa", "--serve", "vllm", "--model", "/models/gpt-oss-20b", "--backend", "triton_unfused",
+                   "--data", str(TINY_DIR / "task-test.csv"), "--limit", "3", "--concurrency", "1",
+                   "--results", str(out)])  # fmt: skip
+    s = summary(out, "server-triton_unfused", "gpqa_diamond_cot")
+    assert status == 0 and s["route"] == "server" and s["accuracy"]["samples"] == 3
+    assert s["command"][1:5] == ["serve", "/models/gpt-oss-20b", "--moe-backend", "triton_unfused"]
+    port = int(s["base_url"].rsplit(":", 1)[1].split("/")[0])
+    with socket.socket() as sock, pytest.raises(OSError):  # stopped: nothing listens there any more
+        sock.connect(("127.0.0.1", port))
+
+
+def test_a_server_that_dies_mid_run_is_an_error_with_its_log_tail(tmp_path, monkeypatch):
+    _fake_vllm(tmp_path, monkeypatch, FAKE_VLLM_SERVING)
+    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "1")
+    out = tmp_path / "results"
+    status = main(["gpqa", "--serve", "vllm", "--model", "/models/gpt-oss-20b", "--backend", "triton", "--data",
+                   str(TINY_DIR / "task-test.csv"), "--limit", "3", "--concurrency", "1",
+                   "--results", str(out)])  # fmt: skip
+    s = summary(out, "server-triton", "gpqa_diamond_cot")
+    assert status == 1 and s["outcome"] == "ERROR" and s["accuracy"] is None
+    assert "exited with code 7" in s["reason"] and "EngineCore died" in s["reason"]
+    assert not (out / "gpqa-gpqa_diamond_cot-server-triton-samples.jsonl").exists()
 
 
 def test_serve_refuses_an_unknown_moe_backend(tmp_path, capsys):
