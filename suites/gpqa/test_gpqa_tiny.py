@@ -374,3 +374,15 @@ def test_lm_eval_runs_the_registered_model_on_the_project_tasks():
     with pytest.raises(ValueError, match="model=PATH"):
         lm_eval.simple_evaluate(model="mxmoe", model_args="checkpoint=tiny", tasks=[f"mxmoe_{TASK}"],
                                 task_manager=manager)  # fmt: skip
+
+
+@pytest.mark.parametrize("task_name", ["gpqa_diamond_mc", "gpqa_diamond_cot"])
+def test_no_question_text_in_the_output(tmp_path, capfd, task_name):
+    """What the run prints (lm-eval's logging included) and writes holds no question text."""
+    status = main(["gpqa", "--model", "tiny", "--task", task_name, "--limit", "4", "--max-tokens", "8",
+                   "--backend", "emulation", "--results", str(tmp_path)])  # fmt: skip
+    printed = capfd.readouterr()
+    rows = task.read_csv(TINY_DIR / "task-test.csv")
+    assert status == 0 and "emulation" in printed.out
+    assert not any(r["Question"] in printed.out + printed.err for r in rows)
+    assert no_question_text_in(tmp_path)
