@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mxmoe.harness.gpqa import data, stats
+from mxmoe.harness.platforms import host_fingerprint
+from mxmoe.harness.results import SCHEMA
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 VARIANTS = ("main", "diamond", "extended")
@@ -178,6 +180,8 @@ def summarize(
     outcome, reason = stats.verdict(acc, bar, pair, error)
     answered = sum(1 for r in recs if r["extracted"] != data.NO_ANSWER) if recs else 0
     return {
+        "schema": SCHEMA,
+        "kind": "gpqa",
         "backend": label,
         "model": model,
         **spec.describe(),
@@ -191,5 +195,6 @@ def summarize(
         "seconds": round(seconds, 3),
         "forward_seconds": None if forward_seconds is None else round(forward_seconds, 3),
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": host_fingerprint(),
         **(extra or {}),
     }
