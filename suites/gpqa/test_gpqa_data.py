@@ -120,3 +120,21 @@ def test_task_yamls_name_every_variant_and_form():
     assert names == {f"mxmoe_{t}" for t in TASKS}
     assert json.dumps(sorted(TASKS)) == json.dumps(sorted(f"gpqa_{v}_{f}" for v in ("main", "diamond", "extended")
                                                           for f in ("mc", "cot")))  # fmt: skip
+
+
+def test_a_baseline_is_a_samples_file_or_a_folder_with_exactly_one(tmp_path):
+    from mxmoe.harness.gpqa.run import read_baseline
+
+    rec = {"question_id": "q0", "repeat": 0, "permutation": [0, 1, 2, 3], "answer": "A", "extracted": "A",
+           "correct": True}  # fmt: skip
+    one = tmp_path / "gpqa-gpqa_diamond_cot-server-triton-samples.jsonl"
+    one.write_text(json.dumps(rec) + "\n")
+    assert read_baseline(tmp_path, "gpqa_diamond_cot") == ("server-triton", [rec])
+    assert read_baseline(one, "gpqa_diamond_cot") == ("server-triton", [rec])
+    with pytest.raises(FileNotFoundError, match="exactly one gpqa-gpqa_diamond_mc-"):
+        read_baseline(tmp_path, "gpqa_diamond_mc")
+    (tmp_path / "gpqa-gpqa_diamond_cot-oracle-samples.jsonl").write_text(json.dumps(rec) + "\n")
+    with pytest.raises(FileNotFoundError, match="found gpqa-gpqa_diamond_cot-oracle-samples.jsonl, gpqa-"):
+        read_baseline(tmp_path, "gpqa_diamond_cot")
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        read_baseline(tmp_path / "missing.jsonl", "gpqa_diamond_cot")
