@@ -82,13 +82,14 @@ def _finite_json(value: object) -> object:
     return value
 
 
-def _from_json(value: object) -> object:
+def from_json(value: object) -> object:
+    """A record as read from JSON, the strings "inf", "-inf" and "nan" back as floats."""
     if isinstance(value, str) and value in ("inf", "-inf", "nan"):
         return float(value)
     if isinstance(value, dict):
-        return {k: _from_json(v) for k, v in value.items()}
+        return {k: from_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_from_json(v) for v in value]
+        return [from_json(v) for v in value]
     return value
 
 
@@ -141,7 +142,7 @@ def read_results(directory: str | Path) -> list[dict]:
             for line in f:
                 if not line.endswith("\n"):
                     continue
-                out.append(_from_json(json.loads(line)))
+                out.append(from_json(json.loads(line)))
     return out
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ def summarize(
         "threshold": {"value": bar[0], "source": bar[1]} if bar else None,
         "seconds": round(seconds, 3),
         "forward_seconds": None if forward_seconds is None else round(forward_seconds, 3),
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "host": host_fingerprint(),
         **(extra or {}),
     }
