@@ -19,10 +19,10 @@ import urllib.request
 from pathlib import Path
 
 from mxmoe.harness.gpqa.lm import ServerError
+from mxmoe.kernels.vllm_layer import MOE_BACKEND_STRINGS
 
-VLLM_MOE_BACKENDS = ("triton", "triton_unfused", "marlin", "emulation", "flashinfer_trtllm", "flashinfer_cutlass",
-                     "aiter")  # fmt: skip
-"""vLLM's ``--moe-backend`` values for MXFP4 (``kernels/vllm_layer.py``'s MOE_BACKEND_STRINGS)."""
+VLLM_MOE_BACKENDS = tuple(dict.fromkeys(MOE_BACKEND_STRINGS.values()))
+"""vLLM's ``--moe-backend`` values for MXFP4, from the one table the vLLM adapters use."""
 
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:
