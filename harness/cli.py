@@ -2,8 +2,9 @@
 
 * ``signoff``: the main job on this machine: the oracle's self-check on built-in cases (a failure
   there stops everything: the oracle cannot be trusted here), then ``check`` of the default
-  backends over the pr profile on this host's architecture, the catalogue of faulty kernels, and
-  ``model-check`` of the tiny GPT-OSS through each default backend that runs here.
+  backends over the pr profile on this host's architecture, the catalogue of faulty kernels, the
+  padding audit, ``model-check`` and GPQA of the tiny GPT-OSS through each default backend that
+  runs here, and the sign-off report built from those records (``report``).
 * ``bench-reference``: times the reference layer at gpt-oss shapes next to a float64 matmul.
 * ``backends``: every backend (built-in, installed entry points, files) and whether it runs here.
 * ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
@@ -14,6 +15,7 @@
 * ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
 * ``model-check``, ``make-tiny``: model-level checks of GPT-OSS (``harness.e2e.cli``).
 * ``gpqa``: GPQA through lm-eval, in this process or against a server (``harness.gpqa.cli``).
+* ``report``: merge result folders of many jobs and hosts into the sign-off report (``reports``).
 """
 
 from __future__ import annotations
@@ -60,59 +62,130 @@ def _host_line(device: str) -> str:
     return f"host: {platform.node()} | device {device} ({gpu or 'cpu'}) | torch {torch.__version__}"
 
 
+SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "padding audit", "model check", "GPQA",
+                 "report")  # fmt: skip
+SIGNOFF_GPQA_LIMIT = 8
+"""Questions of the tiny GPQA for backends under Triton's CPU interpreter (seconds per question);
+every other backend answers all 200 (a --limit run is judged against the oracle's answers alone)."""
+
+
 def _cmd_signoff(args: argparse.Namespace) -> int:
+    """The whole sign-off on this machine; every step records into ``--results`` and the report is
+    built from those records alone. A step that fails does not stop the next (the report says what
+    failed), except the oracle's self-check: an untrustworthy oracle judges nothing."""
+    import time
+
     from mxmoe.harness.selfcheck import run_selfcheck
 
+    start = time.perf_counter()
+    results = args.results
+
+    def step(n: int) -> None:
+        print(f"\n[{n}/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[n - 1]} ({time.perf_counter() - start:.0f} s elapsed)\n",
+              flush=True)  # fmt: skip
+
     print(_host_line(args.device))
-    print("oracle self-check: the batched float64 reference vs its plain per-token definitions\n")
-    results = run_selfcheck(args.device)
-    rows = [
-        (
-            r.name,
-            r.cases,
-            f"{r.worst:.2e}",
-            f"{r.tolerance:.0e}",
-            f"{r.seconds:.2f}",
-            "PASS" if r.passed else "FAIL",
-            r.detail,
-        )
-        for r in results
-    ]
+    step(1)
+    print("the batched float64 reference vs its plain per-token definitions\n")
+    checks = run_selfcheck(args.device)
+    rows = [(r.name, r.cases, f"{r.worst:.2e}", f"{r.tolerance:.0e}", f"{r.seconds:.2f}",
+             "PASS" if r.passed else "FAIL", r.detail) for r in checks]  # fmt: skip
     print(format_table(("check", "cases", "worst rel diff", "tolerance", "seconds", "verdict", "what"), rows))
-    failed = [r.name for r in results if not r.passed]
-    print(f"\n{len(results) - len(failed)} passed, {len(failed)} failed")
+    failed = [r.name for r in checks if not r.passed]
+    print(f"\n{len(checks) - len(failed)} passed, {len(failed)} failed")
     if failed:
-        print("the oracle is not trustworthy on this machine: no backend is judged by it")
+        print("the oracle is not trustworthy on this machine: no backend is judged by it\n\nverdict: BLOCKED")
         return 1
-    # Part 2: every default backend on this host's architecture, over the PR profile.
-    print("\ndifferential check of the default backends on this host (profile pr)\n", flush=True)
-    checked = main(["check", "--profile", "pr", "--results", args.results])
-    # Part 3: detection power: the catalogue of faulty kernels is caught, the honest variants are not.
-    print("\ndetection power: the catalogue of faulty kernels and the honest variants (profile pr)\n", flush=True)
-    mutants = main(["mutants", "--profile", "pr", "--json", os.path.join(args.results, "mutants.json")])
-    # Part 4: the model-level check: the tiny GPT-OSS with each default backend that runs here as
-    # its MoE, every layer judged on the model's own activations (fewer sequences under Triton's
-    # interpreter on a CPU).
-    models = _signoff_models(args.results)
-    return max(checked, mutants, models)
+    step(2)  # every default backend on this host's architecture, over the PR profile
+    main(["check", "--profile", "pr", "--results", results])
+    step(3)  # detection power: the catalogue of faulty kernels is caught, the honest variants are not
+    main(["mutants", "--profile", "pr", "--json", os.path.join(results, "mutants.json")])
+    step(4)
+    main(["padding", "--json", os.path.join(results, "padding.json")])
+    here = _signoff_backends()
+    step(5)  # each default backend that runs here as the tiny GPT-OSS's MoE, every layer judged
+    _signoff_models(results, here)
+    step(6)
+    _signoff_gpqa(results, here)
+    step(7)
+    from mxmoe.reports.cli import print_verdict, run_report
+
+    report, files = run_report([results], os.path.join(results, "report"), policy=args.policy)
+    _print_not_run(report)
+    print_verdict(report, files)
+    print(f"sign-off took {time.perf_counter() - start:.0f} s")
+    return 0 if report["verdict"] == "SHIP" else 1
 
 
-def _signoff_models(results: str) -> int:
+def _signoff_backends() -> list[str]:
     from mxmoe.harness.platforms import host_arch
     from mxmoe.harness.registry import discover, select
 
     arch = host_arch()
-    here = [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+    return [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+
+
+def _model_packages() -> str | None:
     try:
         import tokenizers  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        print(f"\nmodel-level check skipped: it needs transformers and tokenizers ({exc})")
+        return f"it needs transformers and tokenizers ({exc})"
+    return None
+
+
+def _signoff_models(results: str, here: list[str]) -> int:
+    from mxmoe.harness.platforms import host_arch
+
+    missing = _model_packages()
+    if missing:
+        print(f"model-level check skipped: {missing}")
         return 0
-    print(f"\nmodel-level check: the tiny GPT-OSS through {', '.join(here)}\n", flush=True)
-    batch = "2" if arch == "cpu" else "8"
+    print(f"the tiny GPT-OSS through {', '.join(here)}\n", flush=True)
+    batch = "2" if host_arch() == "cpu" else "8"
     argv = ["model-check", "--model", "tiny", "--batch", batch, "--repeats", "1", "--results", results]
     return main([*argv, *(a for b in here for a in ("--backend", b))])
+
+
+def _signoff_gpqa(results: str, here: list[str]) -> int:
+    """The tiny GPT-OSS's GPQA, each backend against the oracle-MoE model's answers on the same
+    samples. On a CPU, backends under Triton's interpreter answer SIGNOFF_GPQA_LIMIT questions (in
+    their own folder: another sample of questions is another test)."""
+    from mxmoe.harness.platforms import host_arch
+
+    missing = _model_packages()
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        missing = missing or f"it needs lm-eval ({exc})"
+    if missing:
+        print(f"GPQA skipped: {missing}")
+        return 0
+    slow = [b for b in here if host_arch() == "cpu" and "triton" in b]
+    full = [b for b in here if b not in slow]
+    status = 0
+    argv = ["gpqa", "--model", "tiny", "--baseline", "oracle", "--batch", "8"]
+    if full:
+        status = main([*argv, "--results", results, *(a for b in full for a in ("--backend", b))])
+    if slow:
+        sub = os.path.join(results, f"gpqa-limit{SIGNOFF_GPQA_LIMIT}")
+        print(f"\nunder Triton's CPU interpreter: {', '.join(slow)} on {SIGNOFF_GPQA_LIMIT} questions\n", flush=True)
+        status = max(status, main([*argv, "--limit", str(SIGNOFF_GPQA_LIMIT), "--results", sub,
+                                   *(a for b in slow for a in ("--backend", b))]))  # fmt: skip
+    return status
+
+
+def _print_not_run(report: dict) -> None:
+    """Per backend that did not run, one line per skip reason (not one per skipped case)."""
+    from mxmoe.reports.render import ran
+
+    idle = [r for r in report["rows"] if not ran(r)]
+    if not idle:
+        return
+    print(f"\ndid not run here ({len(idle)} backend/arch pairs; skips are never counted as passes):")
+    for r in idle:
+        for reason, n in r["skip_reasons"].items():
+            print(f"  {r['backend']} ({r['arch']}): {n} SKIP: {reason}")
 
 
 def _cmd_bench_backend(args: argparse.Namespace) -> int:
@@ -177,6 +250,7 @@ def _cmd_select(args: argparse.Namespace) -> int:
 def _cmd_padding(args: argparse.Namespace) -> int:
     from mxmoe.harness.padding_audit import audit
     from mxmoe.harness.registry import discover, select
+    from mxmoe.harness.results import stamp
 
     backends = [item.backend for item in select(discover())]
     rows = audit(backends)
@@ -203,14 +277,15 @@ def _cmd_padding(args: argparse.Namespace) -> int:
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"rows": [r.to_dict() for r in rows]}, f, indent=1)
+        json.dump(stamp("padding") | {"rows": [r.to_dict() for r in rows]}, f, indent=1)
     print(f"recorded: {args.json}")
     return 0
 
 
 def _cmd_mutants(args: argparse.Namespace) -> int:
     from mxmoe.harness.mutants import PEER_RULES, run_catalogue
-    from mxmoe.harness.platforms import device_for, host_arch, host_fingerprint
+    from mxmoe.harness.platforms import device_for, host_arch
+    from mxmoe.harness.results import stamp
     from mxmoe.harness.zoo import profile_cases
 
     arch = host_arch()
@@ -255,7 +330,7 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(
-            {"profile": args.profile, "arch": arch, "host": host_fingerprint(), "rows": [r.to_dict() for r in rows]},
+            stamp("mutants") | {"profile": args.profile, "arch": arch, "rows": [r.to_dict() for r in rows]},
             f,
             indent=1,
         )
@@ -575,10 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
-        "signoff", help="the main job: the oracle's self-check, then the default backends over the pr profile"
+        "signoff", help="the main job: self-check, kernel check, fault catalogue, model check, GPQA, report"
     )
     p.add_argument("--device", type=_device, default="cpu", help="self-check device: cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--results", default="results", help="results folder of the check (default results/)")
+    p.add_argument("--results", default="results", help="results folder of every step (default results/); the "
+                                                            "report goes to its report/")  # fmt: skip
+    p.add_argument("--policy", metavar="FILE", help="the verdict's rules (default reports/policy.toml)")
     p.set_defaults(fn=_cmd_signoff)
 
     p = sub.add_parser("bench-reference", help="time the reference layer at gpt-oss shapes vs a float64 matmul")
@@ -706,9 +783,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mxmoe.harness.e2e.cli import add_parsers as add_e2e
     from mxmoe.harness.gpqa.cli import add_parsers as add_gpqa
+    from mxmoe.reports.cli import add_parsers as add_report
 
     add_e2e(sub)
     add_gpqa(sub)
+    add_report(sub)
     return parser
 
 

@@ -70,15 +70,27 @@ def replay_command(json_path: Path) -> str:
     return f"python -m {'harness' if checkout else 'mxmoe'} replay {json_path}"
 
 
-def _finite_json(value: object) -> object:
+def stamp(kind: str) -> dict[str, object]:
+    """The fields every recorded summary file carries (a GPQA run, a model check, the mutant matrix,
+    the padding audit), so that a report merging many hosts' folders knows what each file is, which
+    schema it speaks, when it was written and where: ``reports.collect`` rejects files without them."""
+    return {
+        "schema": SCHEMA,
+        "kind": kind,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "host": host_fingerprint(),
+    }
+
+
+def finite_json(value: object) -> object:
     """Non-finite floats as the strings "inf", "-inf" and "nan": records stay strict JSON (a
     report's JSON parser in another language must read them); ``read_results`` turns them back."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {k: _finite_json(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite_json(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
@@ -123,7 +135,7 @@ class Recorder:
             "declaration": declaration_to_dict(loaded.backend.declaration),
             "repro": None if repro is None else str(repro),
         }
-        line = json.dumps(_finite_json(_plain(rec)), allow_nan=False) + "\n"
+        line = json.dumps(finite_json(_plain(rec)), allow_nan=False) + "\n"
         # One write of one whole line to a file only this process appends to; fsync so that a
         # crash of the machine right after still leaves the verdict on disk.
         with open(self.path, "a", encoding="utf-8") as f:
@@ -172,7 +184,7 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "traceback": result.traceback,
         "replay": replay_command(json_path),
     }
-    json_path.write_text(json.dumps(_finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return json_path
 
 

@@ -4,7 +4,9 @@ A sign-off merges folders from CI jobs, pytest-xdist workers and GPU hosts. What
 
 * ``results-*.jsonl``: one case record per line (``harness.results.Recorder``);
 * ``gpqa-<task>-<backend>.json``: a GPQA run's summary (``harness.gpqa.run``); its ``-samples.jsonl``
-  and lm-eval's ``-results.json`` beside it are not records and are left alone.
+  beside it is read only for a baseline comparison, and lm-eval's ``-results.json`` is left alone;
+* ``model-check-<backend>-<arch>.json`` (``model-check``), ``mutants*.json`` (the fault catalogue)
+  and ``padding*.json`` (the padding audit): summaries stamped by ``harness.results.stamp``.
 
 Reading is strict, because a report built from half a file says SHIP on evidence it does not
 have: a line that is not a whole JSON object (a file cut off mid-line, a copy that stopped short),
@@ -17,12 +19,15 @@ record read twice (the same folder copied into two artifacts) and count once. Ot
 runs of the same test: the latest (by timestamp; in the order written where equal) is the
 verdict, the earlier ones are kept as its history, and a key whose runs disagree (a FAIL that
 passed on rerun) is listed as flaky, never silently resolved.
-GPQA summaries are keyed by (task, backend, arch) under the same rule.
+Summaries are keyed under the same rule: a GPQA run by (task, backend, arch, data, limit, repeats)
+(another sample of questions is another test), a model check by (backend, arch, model, planted faults), the fault
+catalogue by (arch, profile), the padding audit (computed from the declarations) by nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,7 +36,18 @@ from pathlib import Path
 from mxmoe.harness.results import SCHEMA, from_json
 
 CASE_FIELDS = ("schema", "test_id", "backend", "arch", "outcome", "timestamp", "host")
-GPQA_FIELDS = ("schema", "kind", "backend", "task", "outcome", "timestamp", "host")
+STAMP_FIELDS = ("schema", "kind", "timestamp", "host")
+SUMMARIES: dict[str, tuple[tuple[str, ...], Callable[[dict], tuple]]] = {
+    # kind -> (fields beyond the stamp, the reconciliation key)
+    "gpqa": (("backend", "task", "outcome"),
+             lambda r: ("gpqa", r["task"], r["backend"], r["host"].get("arch", ""), r.get("data_sha256"),
+                        r.get("limit"), r.get("repeats"))),
+    "model-check": (("backend", "arch", "passed", "layers"),
+                    lambda r: ("model-check", r["backend"], r["arch"], r.get("model"),
+                               json.dumps(r.get("planted") or {}, sort_keys=True))),
+    "mutants": (("arch", "profile", "rows"), lambda r: ("mutants", r["arch"], r["profile"])),
+    "padding": (("rows",), lambda r: ("padding",)),
+}  # fmt: skip
 
 
 class ResultFileError(ValueError):
@@ -44,6 +60,9 @@ class Collection:
 
     cases: list[dict]
     gpqa: list[dict]
+    model_checks: list[dict]
+    mutants: list[dict]
+    padding: dict | None
     history: dict[tuple[str, ...], list[dict]]  # earlier runs of a key, oldest first
     flaky: list[tuple[str, ...]]  # keys whose runs disagree on the outcome
     duplicates: int  # identical records read more than once
@@ -79,32 +98,58 @@ def read_case_file(path: Path) -> list[dict]:
     return out
 
 
-def read_gpqa_file(path: Path) -> dict:
-    """One GPQA run summary, checked."""
+def read_summary(path: Path, kind: str) -> dict:
+    """One summary file of ``kind`` (see ``SUMMARIES``), checked."""
     try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
+        rec = from_json(json.loads(path.read_text(encoding="utf-8")))
     except json.JSONDecodeError as exc:
-        raise ResultFileError(f"{path}: not JSON ({exc.msg}); a GPQA summary is one JSON object") from None
-    rec = _check(rec, GPQA_FIELDS, str(path))
-    if rec["kind"] != "gpqa":
-        raise ResultFileError(f"{path}: kind {rec['kind']!r}, expected 'gpqa'")
-    return rec
+        raise ResultFileError(f"{path}: not JSON ({exc.msg}); a {kind} summary is one JSON object") from None
+    rec = _check(rec, STAMP_FIELDS, str(path))
+    if rec["kind"] != kind:
+        raise ResultFileError(f"{path}: kind {rec['kind']!r}, expected {kind!r} for a file named so")
+    return _check(rec, SUMMARIES[kind][0], str(path))
 
 
-def _files(path: Path) -> tuple[list[Path], list[Path]]:
+_PATTERNS = {"gpqa": "gpqa-*.json", "model-check": "model-check-*.json", "mutants": "mutants*.json",
+             "padding": "padding*.json"}  # fmt: skip
+
+
+def _kind_of(path: Path) -> str | None:
+    if path.name.startswith("results-") and path.suffix == ".jsonl":
+        return "cases"
+    if path.name.endswith("-results.json"):  # lm-eval's own output beside a GPQA summary
+        return None
+    return next((k for k, pat in _PATTERNS.items() if fnmatch.fnmatchcase(path.name, pat)), None)
+
+
+def _files(path: Path) -> dict[str, list[Path]]:
+    """Result files under ``path`` by kind ("cases" or a summary kind)."""
+    found: dict[str, list[Path]] = defaultdict(list)
     if path.is_file():
-        if path.name.startswith("results-") and path.suffix == ".jsonl":
-            return [path], []
-        if path.name.startswith("gpqa-") and path.suffix == ".json" and not path.name.endswith("-results.json"):
-            return [], [path]
-        raise ResultFileError(f"{path}: not a result file (results-*.jsonl, gpqa-<task>-<backend>.json)")
+        kind = _kind_of(path)
+        if kind is None:
+            raise ResultFileError(f"{path}: not a result file (results-*.jsonl, {', '.join(_PATTERNS.values())})")
+        found[kind].append(path)
+        return found
     if not path.is_dir():
         raise ResultFileError(f"{path}: no such file or folder")
-    cases = sorted(path.rglob("results-*.jsonl"))
-    gpqa = sorted(p for p in path.rglob("gpqa-*.json") if not p.name.endswith("-results.json"))
-    if not cases and not gpqa:
-        raise ResultFileError(f"{path}: holds no results-*.jsonl and no gpqa-*.json")
-    return cases, gpqa
+    for f in sorted(path.rglob("*")):
+        kind = _kind_of(f) if f.is_file() else None
+        if kind is not None:
+            found[kind].append(f)
+    if not found:
+        raise ResultFileError(f"{path}: holds no result files (results-*.jsonl, {', '.join(_PATTERNS.values())})")
+    return found
+
+
+def _verdict(rec: dict) -> str:
+    """What two runs of one key must agree on: the outcome (a model check's pass, the catalogue's
+    verdicts row by row)."""
+    if "outcome" in rec:
+        return str(rec["outcome"])
+    if "passed" in rec:
+        return str(rec["passed"])
+    return json.dumps([r.get("verdict") for r in rec.get("rows", [])])
 
 
 def _reconcile(
@@ -114,7 +159,8 @@ def _reconcile(
     duplicates = 0
     seen: set[str] = set()
     for rec in records:
-        ident = json.dumps(rec, sort_keys=True, default=str)
+        # where a summary was read ("source") is not part of it: a copied folder is still identical
+        ident = json.dumps({k: v for k, v in rec.items() if k != "source"}, sort_keys=True, default=str)
         if ident in seen:
             duplicates += 1
             continue
@@ -126,7 +172,7 @@ def _reconcile(
         kept.append(runs[-1])
         if len(runs) > 1:
             history[key] = runs[:-1]
-            if len({r["outcome"] for r in runs}) > 1:
+            if len({_verdict(r) for r in runs}) > 1:
                 flaky.append(key)
     return kept, history, flaky, duplicates
 
@@ -135,17 +181,27 @@ def collect(paths: list[str | Path]) -> Collection:
     """Read every result under ``paths`` (folders, searched recursively, or files) and reconcile
     them by the rule of the module docstring."""
     case_recs: list[dict] = []
-    gpqa_recs: list[dict] = []
+    summaries: dict[str, list[dict]] = defaultdict(list)
     sources: list[str] = []
     for p in map(Path, paths):
-        cases, gpqa = _files(p)
-        for f in cases:
-            case_recs.extend(read_case_file(f))
-        gpqa_recs.extend(read_gpqa_file(f) for f in gpqa)
-        sources.extend(str(f) for f in (*cases, *gpqa))
-    cases, h1, f1, d1 = _reconcile(case_recs, lambda r: (r["test_id"], r["arch"]), lambda r: r["timestamp"])
-    gpqa, h2, f2, d2 = _reconcile(gpqa_recs, lambda r: (r["task"], r["backend"], r["host"].get("arch", "")),
-                                  lambda r: r["timestamp"])  # fmt: skip
+        for kind, files in _files(p).items():
+            for f in files:
+                if kind == "cases":
+                    case_recs.extend(read_case_file(f))
+                else:
+                    summaries[kind].append(read_summary(f, kind) | {"source": str(f)})
+                sources.append(str(f))
+    cases, history, flaky, duplicates = _reconcile(case_recs, lambda r: (r["test_id"], r["arch"]),
+                                                   lambda r: r["timestamp"])  # fmt: skip
+    kept: dict[str, list[dict]] = {}
+    for kind, (_, key_of) in SUMMARIES.items():
+        got, h, f, d = _reconcile(summaries[kind], key_of, lambda r: r["timestamp"])
+        kept[kind], duplicates = got, duplicates + d
+        history.update(h)
+        flaky.extend(f)
     cases.sort(key=lambda r: (r["backend"], r["arch"], r["test_id"]))
-    gpqa.sort(key=lambda r: (r["task"], r["backend"]))
-    return Collection(cases, gpqa, {**h1, **h2}, [*f1, *f2], d1 + d2, sources)
+    kept["gpqa"].sort(key=lambda r: (r["task"], r["backend"]))
+    kept["model-check"].sort(key=lambda r: (r["backend"], r["arch"]))
+    padding = kept["padding"][0] if kept["padding"] else None
+    return Collection(cases, kept["gpqa"], kept["model-check"], kept["mutants"], padding, history, flaky,
+                      duplicates, sources)  # fmt: skip

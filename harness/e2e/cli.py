@@ -95,6 +95,7 @@ def _cmd_model_check(args: argparse.Namespace) -> int:
     from mxmoe.harness.e2e.layercheck import check_model
     from mxmoe.harness.e2e.model import MoEModel
     from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.results import finite_json, stamp
 
     one = backend_picker(args.backend_file)
     backends = [one(b, "--backend") for b in args.backend]
@@ -137,8 +138,8 @@ def _cmd_model_check(args: argparse.Namespace) -> int:
         _report(found)
         out.mkdir(parents=True, exist_ok=True)
         summary = out / f"model-check-{found.backend}-{arch}.json"
-        summary.write_text(json.dumps(found.to_dict() | {"model": ckpt.where, "tokens": what, "arch": arch},
-                                      indent=1) + "\n")  # fmt: skip
+        record = stamp("model-check") | found.to_dict() | {"model": ckpt.where, "tokens": what, "arch": arch}
+        summary.write_text(json.dumps(finite_json(record), indent=1, allow_nan=False) + "\n")
         print(f"results: {summary}")
         if not found.passed:
             status = max(status, 1)

@@ -24,6 +24,7 @@ output hides (one wrong scale byte moves KL by little and top-1 by nothing).
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ from mxmoe.harness.engine import Result, guarded_call, test_id
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.registry import Loaded
 from mxmoe.harness.results import Recorder, save_repro
+
+LAYER_TEST_ID = re.compile(r"-layer(\d+)$")
+"""A layer's record in a model check has its case's test id with ``-layer<N>`` appended (its
+inputs are the model's own activations, not the case's generated ones): a report tells the
+model check's records from the kernel sweep's by this."""
 
 
 @dataclass
@@ -69,7 +75,7 @@ class LayerChecker:
         loaded = moe.loaded
         backend = loaded.backend
         d = backend.declaration
-        tid = f"{test_id(d.id, moe.arch, inputs.case)}-layer{moe.layer}"
+        tid = f"{test_id(d.id, moe.arch, inputs.case)}-layer{moe.layer}"  # LAYER_TEST_ID
         result = Result(tid, d.id, moe.arch, inputs.case, "SKIP")
         start = time.perf_counter()
         got = guarded_call(backend, inputs, result, prepared=lambda: moe.prepared_for(inputs))  # tie-aware

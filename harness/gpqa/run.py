@@ -17,13 +17,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from mxmoe.harness.gpqa import data, stats
-from mxmoe.harness.platforms import host_fingerprint
-from mxmoe.harness.results import SCHEMA
+from mxmoe.harness.results import stamp
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 VARIANTS = ("main", "diamond", "extended")
@@ -180,8 +178,7 @@ def summarize(
     outcome, reason = stats.verdict(acc, bar, pair, error)
     answered = sum(1 for r in recs if r["extracted"] != data.NO_ANSWER) if recs else 0
     return {
-        "schema": SCHEMA,
-        "kind": "gpqa",
+        **stamp("gpqa"),
         "backend": label,
         "model": model,
         **spec.describe(),
@@ -194,7 +191,5 @@ def summarize(
         "threshold": {"value": bar[0], "source": bar[1]} if bar else None,
         "seconds": round(seconds, 3),
         "forward_seconds": None if forward_seconds is None else round(forward_seconds, 3),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-        "host": host_fingerprint(),
         **(extra or {}),
     }

@@ -1,0 +1,123 @@
+"""The sign-off policy: the verdict's rules as data.
+
+The default is ``policy.toml`` beside this module; it documents every key. A user's file is read
+over it (keys left out keep their defaults), strictly: an unknown table or key, or a value of the
+wrong type, is a ``PolicyError`` naming it and what is accepted, because a typo in a release
+policy that silently falls back to a default would sign off on rules nobody chose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_FILE = Path(__file__).with_name("policy.toml")
+SCHEMA = 1
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file and the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The rules ``reports.verdict`` applies (see ``policy.toml`` for what each means)."""
+
+    block_backends: tuple[str, ...]
+    block_xpass: bool
+    block_flaky: bool
+    required_backends: tuple[str, ...]
+    required_archs: tuple[str, ...]
+    gpqa_block: bool
+    faults_block: bool
+    model_check_block: bool
+    baseline_block_accuracy_regression: bool
+    baseline_alpha: float
+    source: str
+
+    def blocks(self, backend: str) -> bool:
+        """Whether a FAIL or ERROR of ``backend`` blocks."""
+        return any(fnmatch.fnmatchcase(backend, p) for p in self.block_backends)
+
+    def required(self, backend: str) -> bool:
+        """Whether ``backend`` must have run."""
+        return any(fnmatch.fnmatchcase(backend, p) for p in self.required_backends)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+# (table, key) -> (field, type); the accepted keys are exactly these.
+_KEYS: dict[tuple[str, str], tuple[str, type]] = {
+    ("block", "backends"): ("block_backends", list),
+    ("block", "xpass"): ("block_xpass", bool),
+    ("block", "flaky"): ("block_flaky", bool),
+    ("required", "backends"): ("required_backends", list),
+    ("required", "archs"): ("required_archs", list),
+    ("gpqa", "block"): ("gpqa_block", bool),
+    ("faults", "block"): ("faults_block", bool),
+    ("model_check", "block"): ("model_check_block", bool),
+    ("baseline", "block_accuracy_regression"): ("baseline_block_accuracy_regression", bool),
+    ("baseline", "alpha"): ("baseline_alpha", float),
+}
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PolicyError(f"--policy {path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"--policy {path}: not TOML ({exc})") from None
+    return data
+
+
+def _apply(values: dict[str, object], data: dict, where: str) -> None:
+    tables = sorted({t for t, _ in _KEYS})
+    for table, body in data.items():
+        if table == "schema":
+            if body != SCHEMA:
+                raise PolicyError(f"{where}: schema {body!r}; this harness reads policy schema {SCHEMA}")
+            continue
+        if table not in tables:
+            accepted = ", ".join(f"[{t}]" for t in tables)
+            raise PolicyError(f"{where}: unknown table [{table}]; accepted: schema, {accepted}")
+        if not isinstance(body, dict):
+            raise PolicyError(f"{where}: {table} must be a table ([{table}])")
+        for key, value in body.items():
+            if (table, key) not in _KEYS:
+                accepted = ", ".join(k for t, k in _KEYS if t == table)
+                raise PolicyError(f"{where}: unknown key {table}.{key}; accepted in [{table}]: {accepted}")
+            name, kind = _KEYS[(table, key)]
+            if kind is list:
+                if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                    raise PolicyError(f"{where}: {table}.{key} must be a list of non-empty strings, got {value!r}")
+                value = tuple(value)
+            elif kind is float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                    raise PolicyError(f"{where}: {table}.{key} must be a number in (0, 1), got {value!r}")
+                value = float(value)
+            elif not isinstance(value, kind):
+                raise PolicyError(f"{where}: {table}.{key} must be true or false, got {value!r}")
+            values[name] = value
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """The default policy, with ``path``'s keys over it when given."""
+    values: dict[str, object] = {}
+    _apply(values, _read(DEFAULT_FILE), str(DEFAULT_FILE))
+    source = "default (reports/policy.toml)"
+    if path is not None:
+        _apply(values, _read(Path(path)), f"--policy {path}")
+        source = str(path)
+    missing = [name for name, _ in _KEYS.values() if name not in values]
+    if missing:  # the shipped default lost a key: a packaging error, not the user's
+        raise PolicyError(f"{DEFAULT_FILE}: no value for {', '.join(missing)}")
+    return Policy(**values, source=source)

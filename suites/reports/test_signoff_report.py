@@ -1,0 +1,283 @@
+"""The sign-off report (``python -m harness report``) built from recorded results.
+
+The kernel records come from real runs (``run_case`` of real and deliberately wrong backends,
+recorded and reproduced as ``check`` does), the model checks and the padding audit from their
+commands; the GPQA summaries are written by ``harness.gpqa.run`` from per-sample records made here,
+so that the regression's size (and its McNemar p) is known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from mxmoe.harness import results as results_mod
+from mxmoe.harness.cases import make_case
+from mxmoe.harness.cli import main
+from mxmoe.harness.e2e.tiny import TINY_DIR
+from mxmoe.harness.engine import run_case
+from mxmoe.harness.gpqa import run as gpqa_run
+from mxmoe.harness.registry import load_spec
+from mxmoe.harness.results import Recorder, save_repro
+from mxmoe.reports.cli import run_report
+from mxmoe.reports.collect import ResultFileError
+from mxmoe.reports.policy import PolicyError, load_policy
+
+HERE = Path(__file__).parent
+CASES = [make_case("tiny", t) for t in (1, 3, 7)]
+QUESTIONS = 40
+
+
+def backend(name: str) -> object:
+    if name == "emulation":
+        return load_spec("mxmoe.kernels.emulation:Emulation")
+    return load_spec(f"{HERE / 'release_backends.py'}:{name}")
+
+
+def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
+    """What ``check`` does for each case: run it, keep a reproducer of a FAIL or ERROR, record it."""
+    rec = Recorder(folder)
+    for case in cases:
+        result, inputs = run_case(loaded.backend, case, "cpu")
+        repro = None
+        if result.outcome in ("FAIL", "ERROR") and inputs is not None:
+            repro = save_repro(folder, result, inputs, loaded.spec)
+        rec.record(result, loaded, repro)
+
+
+def gpqa(folder: Path, label: str, wrong: set[int], baseline: tuple[str, list[dict]] | None = None) -> list[dict]:
+    """A GPQA run of QUESTIONS questions, wrong on the question numbers in ``wrong``."""
+    spec = gpqa_run.Spec("gpqa_diamond_mc", TINY_DIR / "task-test.csv")
+    recs = [{"question_id": f"q{i:02d}", "repeat": 0, "permutation": [0, 1, 2, 3], "answer": "A",
+             "extracted": "B" if i in wrong else "A", "correct": i not in wrong} for i in range(QUESTIONS)]  # fmt: skip
+    summary = gpqa_run.summarize(spec, label, recs, model="tiny", bar=(0.7, "the test's bar"), baseline=baseline,
+                                 seconds=1.0, extra={"arch": "cpu"})  # fmt: skip
+    gpqa_run.write(folder, spec, label, summary, None, recs)
+    return recs
+
+
+def policy_file(tmp: Path, required: list[str]) -> Path:
+    path = tmp / "policy.toml"
+    path.write_text(f"[required]\nbackends = {json.dumps(required)}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One host's results of a release with a FAIL, an ERROR, an XFAIL, an XPASS, a backend that
+    only SKIPs, a GPQA regression, two model checks (one with a planted fault) and the padding audit."""
+    folder = tmp_path_factory.mktemp("release")
+    for name in ("emulation", "WrongSignAt7", "RaisesAt3", "KnownBug", "NeedsVendor"):
+        record_cases(folder, backend(name))
+    oracle = gpqa(folder, "oracle", wrong={5})
+    gpqa(folder, "emulation", wrong={5}, baseline=("oracle", oracle))
+    gpqa(folder, "wrongsign-kernel", wrong=set(range(0, QUESTIONS, 2)), baseline=("oracle", oracle))
+    argv = ["model-check", "--model", "tiny", "--batch", "2", "--repeats", "0", "--results", str(folder)]
+    assert main([*argv, "--backend", "emulation"]) == 0
+    planted = folder / "planted"
+    assert main([*argv[:-1], str(planted), "--backend", "emulation", "--plant", "2=mutant-nibble-order"]) == 1
+    assert main(["padding", "--json", str(folder / "padding.json")]) == 0
+    return folder
+
+
+def test_every_problem_lands_where_it_belongs_and_blocks_with_its_reason(release, tmp_path):
+    policy = policy_file(tmp_path, ["emulation", "needs-vendor-kernel"])
+    report, files = run_report([str(release)], tmp_path / "out", policy=str(policy))
+    assert report["verdict"] == "BLOCKED"
+    rows = {(r["backend"], r["arch"]): r for r in report["rows"]}
+    counts = {b: rows[(b, "cpu")]["counts"] for b, _ in rows}
+    assert counts["emulation"] == {"PASS": 3, "FAIL": 0, "ERROR": 0, "SKIP": 0, "XFAIL": 0, "XPASS": 0}
+    assert counts["wrongsign-kernel"]["FAIL"] == 1 and counts["wrongsign-kernel"]["PASS"] == 2
+    assert counts["raising-kernel"]["ERROR"] == 1
+    assert counts["known-bug-kernel"] == {"PASS": 1, "FAIL": 0, "ERROR": 0, "SKIP": 0, "XFAIL": 1, "XPASS": 1}
+    assert counts["needs-vendor-kernel"] == {"PASS": 0, "FAIL": 0, "ERROR": 0, "SKIP": 3, "XFAIL": 0, "XPASS": 0}
+
+    by_rule: dict[str, list[str]] = {}
+    for r in report["reasons"]:
+        by_rule.setdefault(r["rule"], []).append(r["text"])
+    assert sorted(by_rule) == ["failure", "gpqa", "never-ran", "xpass"]
+    fails = " | ".join(by_rule["failure"])
+    assert "wrongsign-kernel on cpu: 1 FAIL, 0 ERROR of 3 cases" in fails and "exceed the error bound" in fails
+    assert "raising-kernel on cpu: 0 FAIL, 1 ERROR of 3 cases" in fails
+    assert by_rule["xpass"] == ["known-bug-kernel on cpu: 1 XPASS of a strict xfail (the declared bug no longer "
+                                "shows: update the declaration)"]  # fmt: skip
+    assert by_rule["never-ran"] == [
+        "required backend needs-vendor-kernel never ran on cpu (3 SKIP: needs-vendor-kernel cannot run here: "
+        "needs-vendor-kernel needs the package 'vendor_moe' (pip: vendor-moe))"]  # fmt: skip
+    assert len(by_rule["gpqa"]) == 1 and "GPQA gpqa_diamond_mc of wrongsign-kernel on cpu: FAIL" in by_rule["gpqa"][0]
+    assert "McNemar" in by_rule["gpqa"][0]
+    # the planted model check is the harness's control, not the release's: a warning, not a reason
+    assert any(w["rule"] == "model-check" and "first failing layer 2" in w["text"] for w in report["warnings"])
+
+    # skips are listed with their reason and never counted as passes
+    assert {(s["backend"], s["count"]) for s in report["skips"]} == {("needs-vendor-kernel", 3)}
+    assert not [r for r in report["rows"] if r["backend"] == "needs-vendor-kernel" and r["worst_ratio"] is not None]
+
+    # every FAIL and ERROR is listed with its message and a replay command that finds its reproducer
+    listed = {f["test_id"]: f for f in report["failures"]}
+    fail, error = listed["wrongsign-kernel-cpu-tiny-interleaved-t7"], listed["raising-kernel-cpu-tiny-interleaved-t3"]
+    assert fail["outcome"] == "FAIL" and error["outcome"] == "ERROR" and "illegal memory access" in error["reason"]
+    for f in (fail, error):
+        assert f["replay"].startswith("python -m harness replay ") and Path(f["replay"].split()[-1]).is_file()
+    assert listed["known-bug-kernel-cpu-tiny-interleaved-t1"]["outcome"] == "XPASS"
+    assert any(f["where"] == "model check" and f["test_id"].endswith("-layer2") for f in report["failures"])
+
+    # the views say the same: Markdown short enough for a PR comment, JSON with its schema, JUnit
+    md = files["md"].read_text()
+    assert md.startswith("## MXFP4 MoE sign-off: **BLOCKED**") and len(md) < 65536
+    for r in report["reasons"]:
+        assert r["text"] in md
+    assert "needs-vendor-kernel (cpu): 3 SKIP" in md
+    data = json.loads(files["json"].read_text())
+    assert data["schema"] == 1 and data["verdict"] == "BLOCKED"
+    suites = {s.get("name"): s for s in ET.parse(files["junit"]).getroot()}
+    assert suites["signoff"].find("testcase[@name='verdict']/failure") is not None
+    assert suites["wrongsign-kernel.cpu"].get("failures") == "1"
+    assert suites["raising-kernel.cpu"].get("errors") == "1"
+    assert suites["needs-vendor-kernel.cpu"].get("skipped") == "3"
+    known = suites["known-bug-kernel.cpu"]
+    assert known.get("failures") == "1" and known.get("skipped") == "1"  # its XPASS and its XFAIL
+
+
+def test_an_all_green_release_ships_and_the_default_policy_needs_portable_triton(tmp_path):
+    folder = tmp_path / "green"
+    record_cases(folder, backend("emulation"))
+    oracle = gpqa(folder, "oracle", wrong={5})
+    gpqa(folder, "emulation", wrong={5}, baseline=("oracle", oracle))
+    report, _ = run_report([str(folder)], tmp_path / "out", policy=str(policy_file(tmp_path, ["emulation"])))
+    assert report["verdict"] == "SHIP" and report["reasons"] == []
+    # the documented default requires portable Triton too on a CPU, which these results lack
+    default, _ = run_report([str(folder)], tmp_path / "out-default")
+    assert default["verdict"] == "BLOCKED"
+    assert [r["text"] for r in default["reasons"]] == [
+        "required backend portable-triton never ran on cpu (no record on this arch)"]  # fmt: skip
+
+
+def test_nothing_judged_never_ships(tmp_path):
+    record_cases(tmp_path / "r", backend("NeedsVendor"))
+    report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    assert report["verdict"] == "BLOCKED"
+    assert [r["rule"] for r in report["reasons"]] == ["nothing-judged"]
+
+
+def test_two_hosts_merge_without_loss_or_double_counting(tmp_path, monkeypatch):
+    real = results_mod.host_fingerprint
+
+    def on(host: str, arch: str) -> None:
+        monkeypatch.setattr(results_mod, "host_fingerprint", lambda: {**real(), "hostname": host, "arch": arch})
+        monkeypatch.setattr(results_mod.socket, "gethostname", lambda: host)
+
+    on("cpu-runner-1", "cpu")
+    record_cases(tmp_path / "a", backend("emulation"), CASES[:2])
+    on("cpu-runner-2", "cpu")
+    record_cases(tmp_path / "b", backend("emulation"), CASES[2:])
+    record_cases(tmp_path / "b", backend("WrongSignAt7"), CASES[:1])
+    shutil.copytree(tmp_path / "a", tmp_path / "artifact-copy-of-a")
+    report, _ = run_report([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "artifact-copy-of-a")],
+                           tmp_path / "out", policy=str(policy_file(tmp_path, ["emulation"])))  # fmt: skip
+    inp = report["inputs"]
+    assert inp["records"] == 4 and inp["duplicates"] == 2 and inp["reruns"] == 0
+    assert sorted((h["hostname"], h["records"]) for h in inp["hosts"]) == [("cpu-runner-1", 2), ("cpu-runner-2", 2)]
+    rows = {r["backend"]: r["counts"]["PASS"] for r in report["rows"]}
+    assert rows == {"emulation": 3, "wrongsign-kernel": 1}
+
+
+def test_a_truncated_or_foreign_file_or_a_bad_policy_is_an_error_naming_it(tmp_path, capsys):
+    record_cases(tmp_path / "r", backend("emulation"), CASES[:2])
+    path = next((tmp_path / "r").glob("results-*.jsonl"))
+    path.write_text(path.read_text()[:-30])
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert f"{path}:2: truncated (the file ends mid-line)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written from half a file
+    foreign = tmp_path / "f" / "gpqa-gpqa_diamond_mc-x.json"
+    foreign.parent.mkdir()
+    foreign.write_text(json.dumps({"task": "gpqa", "acc": 0.5}))
+    with pytest.raises(ResultFileError, match=rf"{foreign}: no schema, kind, timestamp, host"):
+        run_report([str(foreign.parent)], tmp_path / "out")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[required]\nbackend = ['triton']\n")
+    with pytest.raises(PolicyError, match=r"unknown key required.backend; accepted in \[required\]: backends, archs"):
+        load_policy(bad)
+    bad.write_text("[gpqa]\nblock = 'yes'\n")
+    with pytest.raises(PolicyError, match="gpqa.block must be true or false, got 'yes'"):
+        load_policy(bad)
+
+
+def test_against_a_baseline_new_and_fixed_failures_and_a_significant_accuracy_drop(tmp_path):
+    before, now = tmp_path / "before", tmp_path / "now"
+    for folder, broken in ((before, False), (now, True)):
+        wrong, raising = backend("WrongSignAt7"), backend("RaisesAt3")
+        wrong.backend.broken = broken  # the new release broke this kernel at T=7 ...
+        raising.backend.broken = not broken  # ... and fixed that one at T=3
+        record_cases(folder, wrong)
+        record_cases(folder, raising)
+        gpqa(folder, "wrongsign-kernel", wrong=set(range(0, QUESTIONS, 2)) if broken else {5})
+    policy = policy_file(tmp_path, [])
+    report, files = run_report([str(now)], tmp_path / "out", baseline=[str(before)], policy=str(policy))
+    base = report["baseline"]
+    assert [(n["test_id"], n["before"]) for n in base["new_failures"]] == [
+        ("wrongsign-kernel-cpu-tiny-interleaved-t7", "PASS")]  # fmt: skip
+    assert [(f["test_id"], f["before"]) for f in base["fixed"]] == [("raising-kernel-cpu-tiny-interleaved-t3", "ERROR")]
+    assert [c["test_id"] for c in base["ratio_changes"]][:1] == ["wrongsign-kernel-cpu-tiny-interleaved-t7"]
+    (acc,) = base["accuracy"]
+    assert acc["before"] == 39 / 40 and acc["now"] == 20 / 40 and acc["significant"] and acc["regression"]
+    assert acc["test"].startswith("paired exact McNemar") and acc["p"] < 1e-4
+    assert any(r["rule"] == "baseline-accuracy" for r in report["reasons"])
+    assert "1 new failures, 1 fixed" in files["md"].read_text()
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_the_page_renders_in_headless_chromium_with_every_plot_and_no_console_error(release, tmp_path):
+    """Opens signoff.html in Debian's Chromium with every request other than the file itself refused
+    (it must need no network), and checks the page ran clean and every plot is an image on screen."""
+    if _chromium() is None and not os.environ.get("MXMOE_REQUIRE_CHROMIUM"):
+        pytest.skip("needs Chromium (Debian: apt-get install chromium); CI installs it and sets MXMOE_REQUIRE_CHROMIUM")
+    assert _chromium() is not None, "MXMOE_REQUIRE_CHROMIUM is set but no chromium is on PATH"
+    playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright (the test extra)")
+    policy = policy_file(tmp_path, ["emulation", "needs-vendor-kernel"])
+    _, files = run_report([str(release)], tmp_path / "out", policy=str(policy))
+    page_url = files["html"].resolve().as_uri()
+    console, errors, outside = [], [], []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])  # fmt: skip
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
+        def route(r: object) -> None:
+            if r.request.url == page_url or r.request.url.startswith("data:"):
+                r.continue_()
+            else:
+                outside.append(r.request.url)
+                r.abort()
+
+        page.route("**/*", route)
+        page.goto(page_url)
+        images = page.evaluate("""Array.from(document.images).map(i => ({alt: i.alt,
+            ok: i.complete && i.naturalWidth > 0, h: i.getBoundingClientRect().height,
+            fig: i.closest('figure').id}))""")
+        verdict = page.inner_text("#verdict")
+        shot = tmp_path / "signoff.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert console == [] and errors == [] and outside == []
+    assert verdict == "BLOCKED"
+    assert sorted(i["fig"] for i in images) == sorted(f"plot-{k}" for k in ("ratios", "heatmap", "gpqa", "layers",
+                                                                             "padding"))  # fmt: skip
+    assert all(i["ok"] and i["h"] > 100 for i in images), images
+    assert shot.stat().st_size > 50_000  # a page with five plots, not a blank one
+    keep = os.environ.get("MXMOE_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / "signoff.png")
