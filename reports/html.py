@@ -58,9 +58,10 @@ def ratio_distribution(report: dict) -> str | None:
     ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=1.2, label="bound (error/bound = 1)")
     ax.set_yscale("log")
     ax.set_ylim(floor, top)
-    ax.set_xticks(range(len(groups)), sorted(groups), fontsize=8)
+    ax.set_xticks(range(len(groups)), sorted(groups), fontsize=8, rotation=30, ha="right")
     ax.set_ylabel("worst |got - ref| / bound per case")
-    ax.set_title("Error against the derived bound, per backend (one dot per case; red: FAIL, ^: infinite)")
+    ax.set_title("Error against the derived bound, per backend\n(one dot per case; red: FAIL; ^: infinite; an exact "
+                 "result, ratio 0, sits on the bottom edge)", fontsize=10)  # fmt: skip
     ax.legend(loc="upper right", fontsize=8)
     return _png(fig)
 
@@ -99,7 +100,8 @@ def heatmap(report: dict) -> str | None:
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     step = max(1, len(cols) // 60)
     ax.set_xticks(range(0, len(cols), step), cols[::step], rotation=90, fontsize=6)
-    ax.set_title("Backend x case (grey: SKIP, black: ERROR, white: not in this backend's run)")
+    ax.set_title("Backend x case (grey: SKIP, black: ERROR, white: not in this backend's run; ratio 0, an exact "
+                 "result such as no tokens, at -3)", fontsize=10)  # fmt: skip
     return _png(fig)
 
 
@@ -118,7 +120,8 @@ def gpqa_plot(report: dict) -> str | None:
         if g["threshold"] is not None:
             ax.plot([g["threshold"]] * 2, [i - 0.4, i + 0.4], color="#d62728", linewidth=2)
     ax.plot([], [], color="#d62728", linewidth=2, label="threshold")
-    ax.set_yticks(range(len(runs)), [f"{g['backend']} ({g['arch']})\n{g['task']}" for g in runs], fontsize=8)
+    ax.set_yticks(range(len(runs)), [f"{g['backend']} ({g['arch']})\n{g['task']}, n={g['samples']}" for g in runs],
+                  fontsize=8)  # fmt: skip
     ax.set_xlim(0, 1.02)
     ax.set_xlabel("accuracy (95% interval; red marks: threshold)")
     ax.set_title("GPQA accuracy per backend")
@@ -147,10 +150,12 @@ def layers_plot(report: dict) -> str | None:
                 ax.scatter(v["layer"], y, s=80, facecolors="none", edgecolors="#d62728", zorder=3)
     ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=1.2, label="bound")
     ax.set_yscale("log")
+    ax.set_ylim(top=max(top, 2.0))
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("layer")
     ax.set_ylabel("worst error/bound")
     ax.set_title("Model check: each MoE layer on the model's own activations (circled: not PASS)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 
 
