@@ -57,6 +57,17 @@ def _int_list(value: str) -> list[int]:
     return out
 
 
+def _count(value: str) -> int:
+    """argparse type for a count that may be 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return n
+
+
 def _host_line(device: str) -> str:
     gpu = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else platform.processor()
     return f"host: {platform.node()} | device {device} ({gpu or 'cpu'}) | torch {torch.__version__}"
@@ -65,8 +76,9 @@ def _host_line(device: str) -> str:
 SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "padding audit", "model check", "GPQA",
                  "report")  # fmt: skip
 SIGNOFF_GPQA_LIMIT = 8
-"""Questions of the tiny GPQA for backends under Triton's CPU interpreter (seconds per question);
-every other backend answers all 200 (a --limit run is judged against the oracle's answers alone)."""
+"""Default questions of the tiny GPQA for backends under Triton's CPU interpreter (seconds per
+question); every other backend answers all 200 (a --limit run is judged against the oracle's
+answers alone)."""
 
 
 def _cmd_signoff(args: argparse.Namespace) -> int:
@@ -106,7 +118,7 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     step(5)  # each default backend that runs here as the tiny GPT-OSS's MoE, every layer judged
     _signoff_models(results, here)
     step(6)
-    _signoff_gpqa(results, here)
+    _signoff_gpqa(results, here, args.interpreter_gpqa_questions)
     step(7)
     from mxmoe.reports.cli import print_verdict, run_report
 
@@ -147,10 +159,10 @@ def _signoff_models(results: str, here: list[str]) -> int:
     return main([*argv, *(a for b in here for a in ("--backend", b))])
 
 
-def _signoff_gpqa(results: str, here: list[str]) -> int:
+def _signoff_gpqa(results: str, here: list[str], limit: int = SIGNOFF_GPQA_LIMIT) -> int:
     """The tiny GPT-OSS's GPQA, each backend against the oracle-MoE model's answers on the same
-    samples. On a CPU, backends under Triton's interpreter answer SIGNOFF_GPQA_LIMIT questions (in
-    their own folder: another sample of questions is another test)."""
+    samples. On a CPU, backends under Triton's interpreter answer ``limit`` questions (in their own
+    folder: another sample of questions is another test), or none when it is 0."""
     from mxmoe.harness.platforms import host_arch
 
     missing = _model_packages()
@@ -167,10 +179,12 @@ def _signoff_gpqa(results: str, here: list[str]) -> int:
     argv = ["gpqa", "--model", "tiny", "--baseline", "oracle", "--batch", "8"]
     if full:
         status = main([*argv, "--results", results, *(a for b in full for a in ("--backend", b))])
-    if slow:
-        sub = os.path.join(results, f"gpqa-limit{SIGNOFF_GPQA_LIMIT}")
-        print(f"\nunder Triton's CPU interpreter: {', '.join(slow)} on {SIGNOFF_GPQA_LIMIT} questions\n", flush=True)
-        status = max(status, main([*argv, "--limit", str(SIGNOFF_GPQA_LIMIT), "--results", sub,
+    if slow and not limit:
+        print(f"\nnot run under Triton's CPU interpreter (--interpreter-gpqa-questions 0): {', '.join(slow)}")
+    elif slow:
+        sub = os.path.join(results, f"gpqa-limit{limit}")
+        print(f"\nunder Triton's CPU interpreter: {', '.join(slow)} on {limit} questions\n", flush=True)
+        status = max(status, main([*argv, "--limit", str(limit), "--results", sub,
                                    *(a for b in slow for a in ("--backend", b))]))  # fmt: skip
     return status
 
@@ -656,6 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results", help="results folder of every step (default results/); the "
                                                             "report goes to its report/")  # fmt: skip
     p.add_argument("--policy", metavar="FILE", help="the verdict's rules (default reports/policy.toml)")
+    p.add_argument("--interpreter-gpqa-questions", type=_count, default=SIGNOFF_GPQA_LIMIT, metavar="N",
+                   help="tiny-GPQA questions for backends under Triton's CPU interpreter, about 12 s each on 2 cores "
+                        "(default %(default)s; 0: none)")  # fmt: skip
     p.set_defaults(fn=_cmd_signoff)
 
     p = sub.add_parser("bench-reference", help="time the reference layer at gpt-oss shapes vs a float64 matmul")

@@ -36,10 +36,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from mxmoe.harness.cli import UsageError
     from mxmoe.reports.collect import ResultFileError
     from mxmoe.reports.policy import PolicyError
+    from mxmoe.reports.render import PageUnavailable
 
     try:
         report, files = run_report(args.results, args.out, args.baseline, args.policy)
     except (ResultFileError, PolicyError) as exc:
+        raise UsageError(str(exc)) from None
+    except PageUnavailable as exc:
         raise UsageError(str(exc)) from None
     inp = report["inputs"]
     print(f"report: {inp['files']} files, {inp['records']} case records from {len(inp['hosts'])} host(s), "

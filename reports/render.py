@@ -8,6 +8,11 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+
+class PageUnavailable(ImportError):
+    """matplotlib or jinja2 is missing: the page cannot be made (the other files are written)."""
+
+
 MD_FAILURES = 10
 """Failures listed in the Markdown (all of them are in the HTML and JSON): a PR comment stays short."""
 
@@ -206,5 +211,11 @@ def write_report(report: dict, out: str | Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(finite_json(report), indent=1, allow_nan=False) + "\n")
     paths["md"].write_text(markdown(report), encoding="utf-8")
     paths["junit"].write_text(junit(report), encoding="utf-8")
-    paths["html"].write_text(html(report), encoding="utf-8")
+    try:
+        page = html(report)
+    except ImportError as exc:
+        raise PageUnavailable(f"signoff.html needs matplotlib and jinja2 ({exc}): pip install "
+                              f"'mxfp4-moe-harness[report]'; {out}/signoff.json, signoff.md and junit.xml are "
+                              "written") from None  # fmt: skip
+    paths["html"].write_text(page, encoding="utf-8")
     return paths

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -281,3 +282,14 @@ def test_the_page_renders_in_headless_chromium_with_every_plot_and_no_console_er
     keep = os.environ.get("MXMOE_SCREENSHOT_DIR")
     if keep:
         shutil.copy(shot, Path(keep) / "signoff.png")
+
+
+def test_without_the_page_packages_the_other_files_are_written_and_the_error_says_what_to_install(
+        tmp_path, monkeypatch, capsys):  # fmt: skip
+    record_cases(tmp_path / "r", backend("emulation"), CASES[:1])
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # import jinja2 now raises ImportError
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert "signoff.html needs matplotlib and jinja2" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["junit.xml", "signoff.json", "signoff.md"]
