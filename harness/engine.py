@@ -204,8 +204,9 @@ def failure_message(result: Result, replay: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _verdict(backend: Backend, result: Result) -> None:
-    """Set outcome and reason from the metrics (and the declaration's strict xfails)."""
+def judge(backend: Backend, result: Result) -> None:
+    """Set outcome and reason from the metrics (and the declaration's strict xfails): the one
+    verdict rule of every check (single case, model layer, distributed)."""
     m = result.metrics
     d = backend.declaration
     problems = []
@@ -271,7 +272,7 @@ def guarded_call(
         result.outcome = "ERROR"
         result.reason = "the backend raised"
         result.traceback = traceback.format_exc()
-        _verdict(backend, result)
+        judge(backend, result)
         return None
     got = runs[0]
     if callable(bounded):
@@ -282,7 +283,7 @@ def guarded_call(
     result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
     now = inputs.tensors()
     mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
-    _verdict(backend, result)
+    judge(backend, result)
     if mutated and result.outcome != "XFAIL":
         result.outcome = "FAIL"
         result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
