@@ -54,6 +54,20 @@ def use_triton_interpreter_without_gpu() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def pin_gpu(index: int) -> str | None:
+    """Make GPU ``index`` (modulo the visible count) this process's current device, so that every
+    "cuda" tensor, kernel launch and Triton compile of the process goes there: one worker per GPU
+    (pytest-xdist workers, ``check --workers``, distributed ranks). ROCm's torch answers through
+    ``torch.cuda`` as well. Returns what was pinned, or None on a host without GPUs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = index % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    return f"cuda:{device} ({torch.cuda.get_device_name(device)})"
+
+
 def device_for(arch: str) -> str:
     """The torch device a test of ``arch`` runs on."""
     return "cpu" if arch == "cpu" else "cuda"

@@ -10,6 +10,12 @@ Loaded by ``suites/conftest.py`` (``pytest_plugins = ["mxmoe.harness.pytest_plug
 * ``--results DIR``: record every verdict there (``harness.results``), and a reproducer for every
   FAIL and ERROR; without it nothing is written.
 
+Under pytest-xdist, ``-n auto`` starts one worker per visible GPU (CUDA or ROCm; the CPU count on a
+host without one) and worker ``gwN`` is pinned to GPU N modulo their number. A worker killed by a
+kernel fault (a segfault, an illegal memory access that ends the process) is replaced by xdist;
+the test it was running is recorded here as that case's ERROR (with ``--results``), and every
+other worker's results stay in their own files.
+
 Any test that requests ``differential`` is parametrized over every selected backend x every arch
 it declares x every case of the profile, with ids ``engine.test_id`` (``emulation-gfx942-tiny-
 interleaved-t7``). The set is the same on every host: whether this host has the arch is decided
@@ -95,6 +101,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     use_triton_interpreter_without_gpu()  # before any test module imports triton
     settings.load_profile(config.getoption("--profile"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        from mxmoe.harness.platforms import pin_gpu
+
+        pin_gpu(int(worker[2:]))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         # Each xdist worker would otherwise start one compute thread per core: on CI's 2 cores two
@@ -102,6 +113,52 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per visible GPU (None: xdist's own choice, the CPU count)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: object) -> None:
+    """A worker died while running ``crashitem``: record it as that case's ERROR (pytest reports
+    it as failed already); the controller writes its own results file."""
+    config = getattr(sched, "config", None) or _CONTROLLER.get("config")
+    results_dir = config.getoption("--results") if config is not None else None
+    name = crashitem.rpartition("[")[2].rstrip("]") if crashitem.endswith("]") else ""
+    if not results_dir or not name:
+        return None
+    found = next((d for d in _differentials(config) if d.test_id == name), None)
+    if found is None:
+        return None
+    d = found.loaded.backend.declaration
+    said = report.longreprtext.strip().splitlines()
+    result = Result(found.test_id, d.id, found.arch, found.case, "ERROR",
+                    reason=f"the pytest-xdist worker running it died ({said[-1] if said else 'no message'})")
+    _recorder(config, results_dir).record(result, found.loaded)
+    return None
+
+
+_CONTROLLER: dict[str, pytest.Config] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONTROLLER["config"] = session.config
+
+
+def _differentials(config: pytest.Config) -> list[Differential]:
+    """Every differential test of this run: selected backend x declared arch x profile case."""
+    cases = profile_cases(config.getoption("--profile"))
+    return [
+        Differential(item, arch, case)
+        for item in selected_backends(config)
+        for arch in item.backend.declaration.archs
+        for case in cases
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -124,14 +181,7 @@ def selected_backends(config: pytest.Config) -> list[Loaded]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "differential" not in metafunc.fixturenames:
         return
-    config = metafunc.config
-    cases = profile_cases(config.getoption("--profile"))
-    params = [
-        Differential(item, arch, case)
-        for item in selected_backends(config)
-        for arch in item.backend.declaration.archs
-        for case in cases
-    ]
+    params = _differentials(metafunc.config)
     metafunc.parametrize("differential", params, ids=[p.test_id for p in params])
 
 

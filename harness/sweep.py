@@ -59,13 +59,17 @@ def _repro_or_note(directory: Path, result: Result, loaded: Loaded, inputs: obje
         return None
 
 
-def worker_main(conn: Connection, results_dir: str, threads: int) -> None:
+def worker_main(conn: Connection, results_dir: str, threads: int, slot: int = 0) -> None:
     """A worker's loop: receive ``(index, spec, case dict, arch)``, answer ``("begin", index)`` at
     once and ``("done", index, Result, repro path)`` at the end; ``None`` ends it. Backends are
-    loaded once per spec and kept."""
+    loaded once per spec and kept. Worker ``slot`` is pinned to GPU ``slot`` modulo their number
+    (``platforms.pin_gpu``); its replacement after a crash takes the same GPU."""
     import torch
 
+    from mxmoe.harness.platforms import pin_gpu
+
     torch.set_num_threads(max(1, threads))
+    pin_gpu(slot)
     cache: dict[str, Loaded] = {}
     directory = Path(results_dir)
     while True:
@@ -89,6 +93,7 @@ def worker_main(conn: Connection, results_dir: str, threads: int) -> None:
 class _Slot:
     """A worker process and the task it is running."""
 
+    index: int = 0
     process: multiprocessing.process.BaseProcess | None = None
     conn: Connection | None = None
     task: int | None = None
@@ -186,14 +191,15 @@ class Sweep:
             return self.verdicts
         ctx = multiprocessing.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // max(1, self.workers))
-        slots = [_Slot() for _ in range(min(self.workers, len(pending)))]
+        slots = [_Slot(index=i) for i in range(min(self.workers, len(pending)))]
         queue = list(reversed(pending))
 
         def start(slot: _Slot) -> None:
             parent_conn, child_conn = ctx.Pipe()
             # Not a daemon: a backend may start processes of its own (daemons may not). A worker
             # whose parent disappears sees EOF on its pipe and exits.
-            proc = ctx.Process(target=worker_main, args=(child_conn, str(directory), threads), name="mxmoe-check")
+            proc = ctx.Process(target=worker_main, args=(child_conn, str(directory), threads, slot.index),
+                               name="mxmoe-check")  # fmt: skip
             proc.start()
             child_conn.close()  # so that the worker's death shows as EOF here
             slot.process, slot.conn, slot.task = proc, parent_conn, None
