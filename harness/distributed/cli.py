@@ -1,0 +1,70 @@
+"""``python -m harness dist-check``: sharded checks, one process per rank."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _cmd_dist_check(args: argparse.Namespace) -> int:
+    from mxmoe.harness.cases import MODELS, make_case
+    from mxmoe.harness.cli import UsageError, _discover, _host_line
+    from mxmoe.harness.distributed.launch import run_dist
+    from mxmoe.harness.distributed.shard import Plan
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.registry import select
+    from mxmoe.harness.results import Recorder
+    from mxmoe.harness.tables import format_table
+
+    mode, world = ("tp", args.tp) if args.tp else ("ep", args.ep)
+    if args.model not in MODELS:
+        raise UsageError(f"--model must be one of {', '.join(MODELS)}; got {args.model!r}")
+    try:
+        backends = select(_discover(args), tuple(args.backend))
+        plans = [Plan(make_case(args.model, t), mode, world, args.fault) for t in args.tokens]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    arch = host_arch()
+    recorder = Recorder(args.results)
+    print(f"{_host_line('cpu' if arch == 'cpu' else 'cuda')} | arch {arch}")
+    fault = f", fault {args.fault}" if args.fault else ""
+    print(f"dist-check: {mode.upper()} {world} over {args.model} T={','.join(map(str, args.tokens))}{fault}; "
+          f"results in {recorder.path}\n", flush=True)  # fmt: skip
+    rows, bad = [], 0
+    for loaded in backends:
+        for plan in plans:
+            result = run_dist(loaded, plan, arch, timeout=args.timeout)
+            recorder.record(result, loaded)
+            m = result.metrics
+            ratio = f"{m.worst_ratio:.3g}" if result.outcome != "SKIP" else "-"
+            reason = result.reason.splitlines()[0][:110] if result.reason else ""
+            rows.append((result.test_id, result.outcome, ratio, f"{result.seconds:.1f}", reason))
+            print(f"  {result.outcome:<5} {result.test_id} ({result.seconds:.1f} s)", flush=True)
+            if result.outcome in ("FAIL", "ERROR"):
+                bad += 1
+                if result.traceback:
+                    print(result.traceback.rstrip())
+    print()
+    print(format_table(("test", "outcome", "worst err/bound", "seconds", "reason"), rows))
+    print(f"\nresults: {recorder.path}")
+    return 1 if bad else 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``dist-check`` to ``python -m harness``."""
+    from mxmoe.harness.cli import _backend_file, _int_list, _positive
+    from mxmoe.harness.distributed.shard import FAULTS
+
+    p = sub.add_parser("dist-check", help="a layer sharded over ranks (TP or EP, torch.distributed) vs the oracle")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--tp", type=_positive(int), metavar="N", help="tensor parallel over N ranks")
+    how.add_argument("--ep", type=_positive(int), metavar="N", help="expert parallel over N ranks")
+    p.add_argument("--backend", action="append", default=[], metavar="ID",
+                   help="backend id or glob (repeatable; default: every backend of kind 'backend')")  # fmt: skip
+    p.add_argument("--backend-file", action="append", default=[], type=_backend_file, metavar="PATH.py:Class")
+    p.add_argument("--model", default="tpsmall", help="zoo model of the layer (default tpsmall: uneven TP shards)")
+    p.add_argument("--tokens", type=_int_list, default=[9], metavar="T,T,...", help="token counts (default 9)")
+    p.add_argument("--fault", choices=tuple(FAULTS), help="plant a sharding fault (the check must FAIL)")
+    p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
+    p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+                   help="per check, on top of the ranks' start (default 600)")  # fmt: skip
+    p.set_defaults(fn=_cmd_dist_check, parser=p)
