@@ -7,6 +7,7 @@ Loaded by ``suites/conftest.py`` (``pytest_plugins = ["mxmoe.harness.pytest_plug
   ``backend`` plus every file-given one (``harness.registry.select``).
 * ``--backend-file PATH:Class`` (repeatable): a backend written outside the project.
 * ``--profile pr|nightly``: the case list (``harness.zoo``) and the Hypothesis profile.
+* ``--shard I/K``: shard I of K of the differential tests (by a hash of the test id; CI matrices).
 * ``--results DIR``: record every verdict there (``harness.results``), and a reproducer for every
   FAIL and ERROR; without it nothing is written.
 
@@ -64,6 +65,40 @@ class Differential:
         return test_id(self.loaded.backend.declaration.id, self.arch, self.case)
 
 
+def _shard(value: str) -> tuple[int, int]:
+    i, _, k = value.partition("/")
+    try:
+        index, count = int(i), int(k)
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard: expected I/K with 0 <= I < K, got {value!r}")
+    return index, count
+
+
+def shard_of(test_id: str, count: int) -> int:
+    """The shard of ``test_id`` among ``count``: a hash of the id, stable across hosts and runs."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:8], "little") % count
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("--shard")
+    if shard is None:
+        return
+    index, count = shard
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        differential = callspec.params.get("differential") if callspec is not None else None
+        mine = shard_of(differential.test_id, count) == index if differential is not None else index == 0
+        (keep if mine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mxmoe", "MXFP4 MoE differential harness")
     group.addoption(
@@ -80,6 +115,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="PATH:Class",
         help="load a backend class from a Python file outside the project (repeatable)",
+    )
+    group.addoption(
+        "--shard",
+        default=None,
+        type=_shard,
+        metavar="I/K",
+        help="run shard I of K (0 <= I < K) of the differential tests, chosen by a hash of the test id (so "
+        "the split does not depend on collection order); other tests run in shard 0 only",
     )
     group.addoption(
         "--profile",

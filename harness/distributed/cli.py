@@ -49,8 +49,21 @@ def _cmd_dist_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from mxmoe.harness.distributed.matrix import render
+
+    text = render(args.format)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"written: {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Add ``dist-check`` to ``python -m harness``."""
+    """Add ``dist-check`` and ``matrix`` to ``python -m harness``."""
     from mxmoe.harness.cli import _backend_file, _int_list, _positive
     from mxmoe.harness.distributed.shard import FAULTS
 
@@ -68,3 +81,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS",
                    help="per check, on top of the ranks' start (default 600)")  # fmt: skip
     p.set_defaults(fn=_cmd_dist_check, parser=p)
+
+    from mxmoe.harness.distributed.matrix import FORMATS
+
+    p = sub.add_parser("matrix", help="the nightly CI matrix (architecture x backend group x shard, distributed jobs)")
+    p.add_argument("--format", choices=FORMATS, default="json", help="github, buildkite or json (default json)")
+    p.add_argument("--out", metavar="FILE", help="write it there (default: standard output)")
+    p.set_defaults(fn=_cmd_matrix, parser=p)
