@@ -15,6 +15,7 @@
 * ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
 * ``model-check``, ``make-tiny``: model-level checks of GPT-OSS (``harness.e2e.cli``).
 * ``gpqa``: GPQA through lm-eval, in this process or against a server (``harness.gpqa.cli``).
+* ``diagnose``: rerun a reproducer and name the catalogue fault that explains it (``harness.diagnosis``).
 * ``dist-check``: a layer sharded over ranks (TP or EP) with torch.distributed (``harness.distributed``).
 * ``report``: merge result folders of many jobs and hosts into the sign-off report (``reports``).
 """
@@ -799,6 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", help="the reproducer's .json file")
     p.set_defaults(fn=_cmd_replay, parser=p)
 
+    from mxmoe.harness.diagnosis.cli import add_parsers as add_diagnosis
     from mxmoe.harness.distributed.cli import add_parsers as add_dist
     from mxmoe.harness.e2e.cli import add_parsers as add_e2e
     from mxmoe.harness.gpqa.cli import add_parsers as add_gpqa
@@ -807,6 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_e2e(sub)
     add_gpqa(sub)
     add_dist(sub)
+    add_diagnosis(sub)
     add_report(sub)
     return parser
 
