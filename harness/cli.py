@@ -633,6 +633,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             first = failure_message(v.result).splitlines()[0]
             last = [line.strip() for line in v.result.traceback.splitlines() if line.strip()][-1:]
             print(f"{v.result.outcome} {first}" + (f" ({last[0]})" if last else ""))
+            if v.result.diagnosis:
+                print(f"    diagnosis: {v.result.diagnosis}")
             if v.repro is not None:
                 print(f"    replay: {replay_command(v.repro)}")
     print(f"\nresults: {recorder.path}")
@@ -649,7 +651,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"FILE: cannot read reproducer {args.file}: {type(exc).__name__}: {exc}") from None
     recorded = json.loads(open(args.file, encoding="utf-8").read())
     print(f"replaying {recorded['test_id']} (recorded {recorded['outcome']}: {recorded['reason']})")
-    result, _ = run_case(loaded.backend, case, arch, inputs=inputs)
+    result, _ = run_case(loaded.backend, case, arch, inputs=inputs, diagnose=True)
     if result.outcome == "PASS":
         print(f"PASS {result.test_id}: {result.reason}")
         return 0

@@ -85,6 +85,14 @@ class Result:
     seconds: float = 0.0
     findings: list[str] = field(default_factory=list)
     """Observations that are not failures by themselves (declared non-determinism, for one)."""
+    diagnosis: str = ""
+    """For a FAIL checked with ``diagnose``: the catalogue fault that explains the output, and
+    where the error concentrates (``harness.diagnosis``)."""
+
+
+DIAGNOSE_MAX_ELEMENTS = 1 << 20
+"""Largest output (T x H elements) a failing check diagnoses on its own: the diagnosis reruns some
+thirty faults through the float64 oracle. Larger cases say how to ask for it."""
 
 
 def checksum(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -197,6 +205,8 @@ def failure_message(result: Result, replay: str | None = None) -> str:
             f"Max abs diff {m.max_abs_err:.3g}, max rel diff {m.max_rel_err:.3g}, RMS rel {m.rms_rel_err:.3g}, "
             f"cosine {m.cosine:.8f}, non-finite {m.nonfinite}, unwritten {m.unwritten}"
         )
+    if result.diagnosis:
+        lines.append(f"Diagnosis: {result.diagnosis}")
     if result.traceback:
         lines.append(result.traceback.rstrip())
     if replay:
@@ -244,6 +254,7 @@ def guarded_call(
     *,
     bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
     prepared: Callable[[], Any] | None = None,
+    diagnose: bool = False,
 ) -> torch.Tensor | None:
     """The guarded, judged call of a backend that applies and is loaded: snapshot the inputs,
     convert (or ``prepared()``, for a caller that keeps converted weights, as a model's layer
@@ -289,7 +300,23 @@ def guarded_call(
         result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
             f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
         )
+    if diagnose and result.outcome == "FAIL" and not mutated:
+        result.diagnosis = _diagnosis(inputs, got, d.arithmetic)
     return got
+
+
+def _diagnosis(inputs: CaseInputs, got: torch.Tensor, arithmetic: object) -> str:
+    """``harness.diagnosis``'s summary, or why there is none (never an exception: a verdict stands
+    without its diagnosis)."""
+    if got.numel() > DIAGNOSE_MAX_ELEMENTS:
+        return (f"not run on its own for {got.numel()} output elements (over {DIAGNOSE_MAX_ELEMENTS}): "
+                "python -m harness diagnose REPRO.json")  # fmt: skip
+    try:
+        from mxmoe.harness.diagnosis.explain import explain
+
+        return explain(inputs, got, arithmetic).summary().replace("\n", "; ")
+    except Exception as exc:
+        return f"could not be made: {type(exc).__name__}: {exc}"
 
 
 def run_case(
@@ -299,12 +326,14 @@ def run_case(
     *,
     inputs: CaseInputs | None = None,
     bounded: Bounded | None = None,
+    diagnose: bool = False,
 ) -> tuple[Result, CaseInputs | None]:
     """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
     it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
     before they were made. ``bounded`` (the oracle and bound of these inputs under this
     backend's declared arithmetic) may be passed by a caller that checks many backends of one
-    arithmetic on the same inputs."""
+    arithmetic on the same inputs. ``diagnose``: a FAIL gets its diagnosis (``Result.diagnosis``);
+    the user-facing checks ask for it, the fault catalogue does not (it plants the cause)."""
     check_arch(arch)
     d = backend.declaration
     result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
@@ -323,7 +352,7 @@ def run_case(
             result.reason = f"{d.id} cannot run here: {exc}"
             return result, None
         inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
-        guarded_call(backend, inputs, result, bounded=bounded)
+        guarded_call(backend, inputs, result, bounded=bounded, diagnose=diagnose)
         return result, inputs
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.

@@ -261,7 +261,7 @@ def check_differential(differential: Differential, request: pytest.FixtureReques
     a reproducer for FAIL/ERROR, then map the outcome to pytest (PASS returns the Result; SKIP,
     XFAIL, FAIL and ERROR raise through pytest)."""
     loaded = differential.loaded
-    result, inputs = run_case(loaded.backend, differential.case, differential.arch)
+    result, inputs = run_case(loaded.backend, differential.case, differential.arch, diagnose=True)
     results_dir = request.config.getoption("--results")
     replay = None
     if results_dir:

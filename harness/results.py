@@ -125,6 +125,7 @@ class Recorder:
             "outcome": result.outcome,
             "reason": result.reason,
             "findings": list(result.findings),
+            "diagnosis": result.diagnosis,
             "case_id": result.case.id,
             "case": result.case.to_dict(),
             "metrics": result.metrics.to_dict(),
@@ -182,6 +183,7 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "reason": result.reason,
         "metrics": result.metrics.to_dict(),
         "traceback": result.traceback,
+        "diagnosis": result.diagnosis,
         "replay": replay_command(json_path),
     }
     json_path.write_text(json.dumps(finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")

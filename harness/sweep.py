@@ -84,7 +84,7 @@ def worker_main(conn: Connection, results_dir: str, threads: int, slot: int = 0)
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        result, inputs = run_case(loaded.backend, Case.from_dict(case_dict), arch)
+        result, inputs = run_case(loaded.backend, Case.from_dict(case_dict), arch, diagnose=True)
         repro = _repro_or_note(directory, result, loaded, inputs)
         conn.send(("done", index, result, None if repro is None else str(repro)))
 

@@ -90,6 +90,7 @@ def _failure(rec: dict, where: str) -> dict:
         "reason": _message(rec) if rec["outcome"] == "ERROR" else rec.get("reason", ""),
         "worst_ratio": _ratio(rec),
         "traceback_tail": "\n".join(tb[-15:]),
+        "diagnosis": rec.get("diagnosis") or "",
         "replay": _replay(rec),
         "host": (rec.get("host") or {}).get("hostname"),
         "timestamp": rec.get("timestamp"),
@@ -377,6 +378,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     failures += [
         {"test_id": f"gpqa-{g['task']}-{g['backend']}", "backend": g["backend"], "arch": g["arch"],
          "outcome": g["outcome"], "where": "GPQA", "reason": g["reason"], "worst_ratio": None, "traceback_tail": "",
+         "diagnosis": "",
          "replay": None, "host": g["host"], "timestamp": None}
         for g in gpqa if g["outcome"] in ("FAIL", "ERROR")
     ]  # fmt: skip

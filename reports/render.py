@@ -143,6 +143,7 @@ def markdown(report: dict) -> str:
         for f in fails[:MD_FAILURES]:
             reason = f["reason"].splitlines()[0] if f["reason"] else ""
             out.append(f"- {f['outcome']} `{f['test_id']}` ({f['where']}, {f['host']}): {reason}"
+                       + (f"<br>diagnosis: {f['diagnosis']}" if f.get("diagnosis") else "")
                        + (f"<br>replay: `{f['replay']}`" if f["replay"] else ""))  # fmt: skip
         if len(fails) > MD_FAILURES:
             out.append(f"- ... {len(fails) - MD_FAILURES} more")

@@ -65,3 +65,24 @@ def test_diagnose_reads_a_reproducer(tmp_path, capsys):
     assert main(["diagnose", str(repro)]) == 0
     out = capsys.readouterr().out
     assert "explained by: nibble-order" in out and "the first: FP4 nibbles unpacked high nibble first" in out
+
+
+def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproducer_and_the_report(tmp_path):
+    import json
+
+    from mxmoe.harness.engine import failure_message
+    from mxmoe.reports.build import build
+    from mxmoe.reports.collect import collect
+    from mxmoe.reports.policy import load_policy
+
+    loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
+    result, inputs = run_case(loaded.backend, CASE, "cpu", diagnose=True)
+    assert result.outcome == "FAIL" and result.diagnosis.startswith("explained by: nibble-order")
+    assert f"Diagnosis: {result.diagnosis}" in failure_message(result)
+    plain, _ = run_case(loaded.backend, CASE, "cpu")
+    assert plain.diagnosis == ""  # only asked for (the catalogue plants its causes)
+    repro = save_repro(tmp_path, result, inputs, loaded.spec)
+    Recorder(tmp_path).record(result, loaded, repro)
+    assert json.loads(repro.read_text())["diagnosis"] == result.diagnosis
+    (failure,) = build(collect([tmp_path]), load_policy())["failures"]
+    assert failure["diagnosis"] == result.diagnosis
