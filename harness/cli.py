@@ -15,7 +15,8 @@
 * ``vllm-drift``: vLLM's own MXFP4 oracle, run under fake platforms, against the declarations.
 * ``model-check``, ``make-tiny``: model-level checks of GPT-OSS (``harness.e2e.cli``).
 * ``gpqa``: GPQA through lm-eval, in this process or against a server (``harness.gpqa.cli``).
-* ``diagnose``: rerun a reproducer and name the catalogue fault that explains it (``harness.diagnosis``).
+* ``diagnose``, ``shrink``: name the catalogue fault that explains a reproducer's failure; cut it
+  down to the smallest failing slice of its inputs (``harness.diagnosis``).
 * ``dist-check``: a layer sharded over ranks (TP or EP) with torch.distributed (``harness.distributed``).
 * ``report``: merge result folders of many jobs and hosts into the sign-off report (``reports``).
 """
