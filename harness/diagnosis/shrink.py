@@ -25,9 +25,9 @@ import torch
 
 from mxmoe.harness.backend import Backend
 from mxmoe.harness.cases import Case
+from mxmoe.harness.distributed.shard import slice_intermediate
 from mxmoe.harness.engine import Result, run_case
 from mxmoe.harness.inputs import CaseInputs
-from mxmoe.reference.activation import gate_up_rows
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK
 
@@ -82,21 +82,7 @@ def _intermediate(inputs: CaseInputs) -> CaseInputs | None:
     if c.tp != 1 or c.intermediate <= BLOCK:
         return None
     i = max(BLOCK, (c.intermediate // 2) // BLOCK * BLOCK)
-    w = inputs.weights
-    g, u = gate_up_rows(2 * c.intermediate, w.w13_layout)
-    dst_g, dst_u = gate_up_rows(2 * i, w.w13_layout)
-
-    def w13(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        out = torch.empty((t.shape[0], 2 * i, *t.shape[2:]), dtype=t.dtype, device=t.device)
-        out[:, dst_g.to(t.device)] = t.index_select(1, g[:i].to(t.device))
-        out[:, dst_u.to(t.device)] = t.index_select(1, u[:i].to(t.device))
-        return out
-
-    weights = MoEWeights(w13(w.w13_blocks), w13(w.w13_scales), w.w2_blocks[:, :, : i // 2].contiguous(),
-                         w.w2_scales[:, :, : i // BLOCK].contiguous(), w13(w.w13_bias), w.w2_bias,
-                         w.w13_layout)  # fmt: skip
+    weights = slice_intermediate(inputs.weights, c.intermediate, 0, i, i)
     return dataclasses.replace(inputs, case=_case(inputs, intermediate=i), weights=weights)
 
 

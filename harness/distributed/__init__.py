@@ -9,3 +9,7 @@ combined as production combines them, and the result judged against the unsharde
 * ``rank``: what one rank process does;
 * ``launch``: starting the ranks, surviving their deaths, recording the verdict.
 """
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""Set in every rank process and every CI job: NVLink multicast stays off, since a program that
+uses it can take a shared host's GPUs out of service."""

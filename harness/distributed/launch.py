@@ -9,6 +9,7 @@ check that outlives its time, is that check's ERROR, with the exit codes, and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import tempfile
@@ -48,7 +49,7 @@ def _skip_reason(loaded: Loaded, plan: Plan, arch: str) -> str | None:
         shard = tp_rank_inputs(make_inputs(plan.case, "cpu"), plan, 0, planted=False).case
         reason = backend.supports(shard, arch)
     else:
-        reason = backend.supports(plan.case.__class__(**{**plan.case.to_dict(), "ep": plan.world}), arch)
+        reason = backend.supports(dataclasses.replace(plan.case, ep=plan.world), arch)
     if reason:
         return reason
     try:

@@ -25,6 +25,8 @@ import dataclasses
 import fnmatch
 import json
 
+from mxmoe.harness.distributed import MULTICAST_OFF
+
 GROUPS = {
     "portable": ("emulation", "portable-triton", "portable-triton-chunked"),
     "triton": ("triton", "triton-*"),
@@ -44,7 +46,6 @@ DIST_BACKENDS = ("triton", "portable-triton")
 DIST_WORLDS = (2, 4, 8)
 DIST_MODELS = ("gptoss20b", "gptoss120b")
 DIST_TOKENS = "1,128,4096"
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 FORMATS = ("github", "buildkite", "json")
 
 

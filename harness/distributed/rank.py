@@ -21,14 +21,11 @@ import torch.distributed as dist
 
 from mxmoe.harness.bounds import reference_and_bound
 from mxmoe.harness.cases import Case
+from mxmoe.harness.distributed import MULTICAST_OFF
 from mxmoe.harness.distributed.shard import Plan, ep_rank_inputs, reduction_bound, tp_rank_inputs
 from mxmoe.harness.engine import Result, compare, judge, poisoned, still_poisoned
 from mxmoe.harness.inputs import make_inputs
 from mxmoe.harness.registry import load_spec
-
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""NVLink multicast stays off in every rank process: a program that uses it can take a shared
-host's GPUs out of service."""
 
 
 def _combine(plan: Plan, rank: int, partial: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -116,6 +117,42 @@ class Plan:
         return mine
 
 
+Fill = Callable[[tuple[int, ...], torch.Tensor, bool], torch.Tensor]
+"""Makes the padding of a slice: (shape, a tensor of the dtype and device, whether it holds scales)."""
+
+
+def zeros(shape: tuple[int, ...], like: torch.Tensor, scales: bool = False) -> torch.Tensor:
+    """Correct padding: a zero code gives a zero weight whatever its scale, a zero bias adds nothing."""
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
+def slice_intermediate(w: MoEWeights, intermediate: int, lo: int, hi: int, width: int,
+                       fill: Fill = zeros) -> MoEWeights:  # fmt: skip
+    """The layer restricted to intermediate columns [lo, hi) (multiples of 32), padded by ``fill``
+    to ``width``: the gate and up rows of w13 (in its row layout) and the w2 columns and scales.
+    The w2 bias is the caller's: it does not depend on the intermediate dimension."""
+    src_g, src_u = gate_up_rows(2 * intermediate, w.w13_layout)
+    dst_g, dst_u = gate_up_rows(2 * width, w.w13_layout)
+
+    def w13(t: torch.Tensor | None, scales: bool = False) -> torch.Tensor | None:
+        if t is None:
+            return None
+        tail = (t.shape[0], width - (hi - lo), *t.shape[2:])
+        out = torch.empty((t.shape[0], 2 * width, *t.shape[2:]), dtype=t.dtype, device=t.device)
+        for src, dst in ((src_g, dst_g), (src_u, dst_u)):
+            part = t.index_select(1, src[lo:hi].to(t.device))
+            out[:, dst.to(t.device)] = torch.cat([part, fill(tail, t, scales)], dim=1)
+        return out
+
+    def cols(t: torch.Tensor, per_col: int, scales: bool = False) -> torch.Tensor:
+        a, b = lo // per_col, hi // per_col
+        tail = (*t.shape[:2], width // per_col - (b - a))
+        return torch.cat([t[:, :, a:b], fill(tail, t, scales)], dim=2).contiguous()
+
+    return MoEWeights(w13(w.w13_blocks), w13(w.w13_scales, scales=True), cols(w.w2_blocks, 2),
+                      cols(w.w2_scales, BLOCK, scales=True), w13(w.w13_bias), w.w2_bias, w.w13_layout)  # fmt: skip
+
+
 def tp_rank_inputs(full: CaseInputs, plan: Plan, rank: int, *, planted: bool) -> CaseInputs:
     """Rank ``rank``'s layer under tensor parallelism (module docstring): its slice, padded to the
     partition width, as a plain layer of that width. ``planted`` applies the plan's fault (the
@@ -124,48 +161,20 @@ def tp_rank_inputs(full: CaseInputs, plan: Plan, rank: int, *, planted: bool) ->
     w = full.weights
     lo, hi = tp_shard(c.intermediate, plan.world, rank)
     per = plan.partition
-    garbage = planted and plan.fault == "padding-unzeroed" and rank == plan.world - 1 and hi - lo < per
-    gen = generator_for(f"{c.id}-{plan.suffix}-garbage", w.w13_blocks.device)
+    fill: Fill = zeros
+    if planted and plan.fault == "padding-unzeroed" and rank == plan.world - 1 and hi - lo < per:
+        gen = generator_for(f"{c.id}-{plan.suffix}-garbage", w.w13_blocks.device)
 
-    def fill(shape: tuple[int, ...], like: torch.Tensor, scales: bool = False) -> torch.Tensor:
-        if not garbage:
-            return torch.zeros(shape, dtype=like.dtype, device=like.device)
-        if like.dtype == torch.uint8:  # uninitialised codes; scales kept in the weights' range
-            low, high = (118, 125) if scales else (0, 256)
-            return torch.randint(low, high, shape, generator=gen, device=like.device, dtype=torch.int32).to(like.dtype)
-        return torch.randn(shape, generator=gen, device=like.device, dtype=torch.float32).to(like.dtype)
+        def fill(shape: tuple[int, ...], like: torch.Tensor, scales: bool = False) -> torch.Tensor:
+            if like.dtype == torch.uint8:  # uninitialised codes; scales kept in the weights' range
+                low, high = (118, 125) if scales else (0, 256)
+                return torch.randint(low, high, shape, generator=gen, device=like.device,
+                                     dtype=torch.int32).to(like.dtype)  # fmt: skip
+            return torch.randn(shape, generator=gen, device=like.device, dtype=torch.float32).to(like.dtype)
 
-    src_g, src_u = gate_up_rows(2 * c.intermediate, w.w13_layout)
-    dst_g, dst_u = gate_up_rows(2 * per, w.w13_layout)
-
-    def w13(t: torch.Tensor | None, scales: bool = False) -> torch.Tensor | None:
-        if t is None:
-            return None
-        tail = (t.shape[0], per - (hi - lo), *t.shape[2:])
-        out = torch.empty((t.shape[0], 2 * per, *t.shape[2:]), dtype=t.dtype, device=t.device)
-        for src, dst in ((src_g, dst_g), (src_u, dst_u)):
-            part = t.index_select(1, src[lo:hi].to(t.device))
-            out[:, dst.to(t.device)] = torch.cat([part, fill(tail, t, scales)], dim=1)
-        return out
-
-    def cols(t: torch.Tensor, per_col: int, scales: bool = False) -> torch.Tensor:
-        a, b = lo // per_col, hi // per_col
-        tail = (*t.shape[:2], per // per_col - (b - a))
-        return torch.cat([t[:, :, a:b], fill(tail, t, scales)], dim=2).contiguous()
-
-    b2 = None
-    if w.w2_bias is not None:
-        b2 = w.w2_bias.clone() if rank == 0 or (planted and plan.fault == "bias-every-rank") else torch.zeros_like(
-            w.w2_bias)  # fmt: skip
-    weights = MoEWeights(
-        w13(w.w13_blocks),
-        w13(w.w13_scales, scales=True),
-        cols(w.w2_blocks, 2),
-        cols(w.w2_scales, BLOCK, scales=True),
-        w13(w.w13_bias),
-        b2,
-        w.w13_layout,
-    )
+    weights = slice_intermediate(w, c.intermediate, lo, hi, per, fill)
+    if w.w2_bias is not None and rank != 0 and not (planted and plan.fault == "bias-every-rank"):
+        weights = dataclasses.replace(weights, w2_bias=torch.zeros_like(w.w2_bias))
     return CaseInputs(dataclasses.replace(c, intermediate=per), full.x, full.router_logits, weights, None,
                       full.correction_bias)  # fmt: skip
 
