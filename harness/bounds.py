@@ -74,6 +74,12 @@ def _half_ulp(m: torch.Tensor, mbits: int, emin: int) -> torch.Tensor:
 def _mx_bound(hi: torch.Tensor, lo: torch.Tensor, rule: str) -> torch.Tensor:
     """Largest MXFP8 quantization error of elements whose magnitudes lie in [lo, hi], blocks of 32
     along the last axis, under scale ``rule``."""
+    return torch.maximum(*_mx_parts(hi, lo, rule))
+
+
+def _mx_parts(hi: torch.Tensor, lo: torch.Tensor, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rounding, saturation) parts of ``_mx_bound``: half an E4M3 ulp at the block's scale, and
+    the excess over 448 times the scale that the element is clipped by (always toward zero)."""
     shape = hi.shape
     hb = hi.reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK)
     lb = lo.reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK)
@@ -82,7 +88,16 @@ def _mx_bound(hi: torch.Tensor, lo: torch.Tensor, rule: str) -> torch.Tensor:
     step = torch.exp2(e_hi)
     rounding = _half_ulp(hb / step, 3, -6) * step
     saturation = torch.clamp(hb - 448.0 * torch.exp2(e_lo), min=0.0)
-    return torch.maximum(rounding, saturation).reshape(shape)
+    return rounding.reshape(shape), saturation.reshape(shape)
+
+
+def clipping_bound(point: str, magnitude: torch.Tensor, err: torch.Tensor, mx_rule: str = "floor") -> torch.Tensor:
+    """The part of ``rounding_bound`` that is not a rounding but a clip toward zero (MXFP8's
+    saturation under FLOOR): deterministic in sign, so ``harness.systematic`` counts it among the
+    coherent errors. Zero for every other point."""
+    if point != "mxfp8":
+        return torch.zeros_like(magnitude)
+    return _mx_parts(magnitude + err, torch.clamp(magnitude - err, min=0.0), mx_rule)[1]
 
 
 def rounding_bound(point: str, magnitude: torch.Tensor, err: torch.Tensor, mx_rule: str = "floor") -> torch.Tensor:
@@ -103,6 +118,34 @@ def _gamma(n: int, u: float) -> float:
 
 
 @dataclass(frozen=True)
+class SlotTerms:
+    """The per-slot pieces of the bound's propagation, kept for ``harness.systematic``: the
+    element-wise tiers cannot say how an error is spread over a token's elements, these can.
+    Slots of experts not on this rank are zero. The [T, k, *] tensors are float32 (they are the
+    largest the harness keeps: 0.9 GB each at DeepSeek-V3, T=4096), the rest float64."""
+
+    ids: torch.Tensor
+    """[T, k] local expert of each slot, -1 where it is not on this rank."""
+    slot_out: torch.Tensor
+    """[T, k, H] each slot's exact weighted output (the oracle's terms of the top-k sum)."""
+    weight: torch.Tensor
+    """[T, k] the factor between the expert's output and the slot's (its routing weight; 1 with
+    the weight on the input)."""
+    intermediate: torch.Tensor
+    """[T, k, I] the exact activation each slot feeds to GEMM2."""
+    intermediate_sq: torch.Tensor
+    """[T, k, I] squared ranges of the independent errors of that activation (GEMM1's rounding
+    carried through the activation, its evaluation, its storage), unweighted."""
+    variance: torch.Tensor
+    """[T, H] per element: the squared ranges of every independent error (the probabilistic
+    tier's sum, plus the element's final rounding, which is independent across elements)."""
+    coherent: torch.Tensor
+    """[T, H] per element: the worst-case part (routing-weight errors shared by a token's slots,
+    the activation input's error, second-order terms): what may legitimately line up. The
+    second-order terms are taken at the probabilistic size of the first-order errors."""
+
+
+@dataclass(frozen=True)
 class Bounded:
     """The exact layer and the bounds on an honest backend's deviation from it, float64 [T, H]."""
 
@@ -111,6 +154,9 @@ class Bounded:
     """Holds for any data and any order of honest arithmetic."""
     probabilistic: torch.Tensor
     """Holds except with probability 2.5e-14 per element, rounding errors modelled as independent."""
+    terms: SlotTerms | None = None
+    """What the systematic-error test (``harness.systematic``) needs beyond the bound; None where
+    the oracle admits alternatives (a tie) or the bound was assembled from shards."""
 
     @property
     def bound(self) -> torch.Tensor:
@@ -151,6 +197,12 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     mag = torch.zeros_like(val)
     sq = torch.zeros_like(val)  # probabilistic tier: sum of squared independent error ranges
     lin = torch.zeros_like(val)  # probabilistic tier: the parts kept worst-case
+    # kept for harness.systematic, in float32: directions and sizes to 1e-7 are plenty for a test
+    # whose threshold is z ~ 7, and DeepSeek-V3 at T=4096 holds 1.9 GB per tensor even so
+    act = torch.zeros(t, k, w.intermediate_size, dtype=torch.float32, device=dev)
+    act_sq = torch.zeros_like(act)
+    lin_sys = torch.zeros_like(val)
+    factor = torch.zeros(t, k, dtype=torch.float64, device=dev)
     alpha = case.alpha if case.activation == "swigluoai" else 1.0
     beta = case.beta if case.activation == "swigluoai" else 0.0
     limit = case.limit if case.activation == "swigluoai" else None
@@ -199,8 +251,14 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         e_a = dg * e_g + du * e_u + second + evaluation
         q_a = dg**2 * q_g + du**2 * q_u + evaluation**2
         l_a = dg * l_g + du * l_u + second
+        # For harness.systematic: the same second-order terms at the probabilistic size of the
+        # errors (Hoeffding's, exceeded with probability 2.5e-14), not the rigorous one: carried
+        # through |W2| over a whole token they would otherwise swamp the projections.
+        p_g, p_u = LAMBDA * q_g.sqrt() + l_g, LAMBDA * q_u.sqrt() + l_u
+        l_a_sys = dg * l_g + du * l_u + d_gated.abs() * p_g * p_u + 0.5 * alpha * p_g**2 * (shift.abs() + p_u)
         if p.intermediate != "fp64":
             r = rounding_bound(p.intermediate, a.abs(), e_a, p.mx_rule)
+            l_a_sys = l_a_sys + clipping_bound(p.intermediate, a.abs(), e_a, p.mx_rule)
             e_a, q_a = e_a + r, q_a + r**2
         a2 = w2.abs()
         y = a @ w2.T + b2
@@ -208,19 +266,24 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         e_y = e_a @ a2.T + _gamma(w2.shape[1] + 2, u) * m2
         q_y = q_a @ (a2**2).T + (w2.shape[1] + 2) * ((u + _U64) * m2) ** 2
         l_y = l_a @ a2.T
+        l_y_sys = l_a_sys @ a2.T
         if p.expert_output != "fp64":
             r = rounding_bound(p.expert_output, y.abs(), e_y)
             e_y, q_y = e_y + r, q_y + r**2
+        act[tok, slot], act_sq[tok, slot] = a.float(), q_a.float()
         if on_input:
             val[tok, slot], err[tok, slot], mag[tok, slot] = y, e_y, y.abs() + e_y
-            sq[tok, slot], lin[tok, slot] = q_y, l_y
+            sq[tok, slot], lin[tok, slot], lin_sys[tok, slot] = q_y, l_y, l_y_sys
+            factor[tok, slot] = 1.0
         else:
+            factor[tok, slot] = we.squeeze(1)
             val[tok, slot] = we * y
             err[tok, slot] = we.abs() * e_y + ew * (y.abs() + e_y)
             mag[tok, slot] = (we.abs() + ew) * (y.abs() + e_y)
             # A token's routing weights come from one softmax: their errors are shared, worst-case.
             sq[tok, slot] = we**2 * q_y
             lin[tok, slot] = we.abs() * l_y + ew * (y.abs() + e_y)
+            lin_sys[tok, slot] = we.abs() * l_y_sys + ew * (y.abs() + e_y)
     out = val.sum(1)
     point = _DTYPE_POINT[p.output]
     rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1)
@@ -238,7 +301,16 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     scale = mag.sum(1)
     if not torch.all((out - ref).abs() <= 1e-10 * (scale + ref.abs()) + 1e-300):
         raise AssertionError("harness.bounds disagrees with reference.moe on this case: a harness bug")
-    return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic)
+    terms = SlotTerms(
+        ids=torch.where(ids >= 0, ids, torch.full_like(ids, -1)),
+        slot_out=val.float(),
+        weight=factor,
+        intermediate=act,
+        intermediate_sq=act_sq,
+        variance=q_out + final**2,
+        coherent=lin_sys.sum(1),
+    )
+    return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic, terms=terms)
 
 
 def tied_tokens(inputs: CaseInputs) -> torch.Tensor:

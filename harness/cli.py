@@ -306,9 +306,13 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
     from mxmoe.harness.zoo import profile_cases
 
     arch = host_arch()
-    cases = [c for c in profile_cases(args.profile) if all(k in c.id for k in args.k)]
+    cases = [
+        c for c in profile_cases(args.profile)
+        if all(k in c.id for k in args.k) and not any(x in c.id for x in args.exclude)
+        and (not args.case or c.id in args.case)
+    ]  # fmt: skip
     if not cases:
-        raise UsageError(f"-k {' -k '.join(args.k)} selects none of the {args.profile} profile's cases")
+        raise UsageError(f"-k {args.k} and --exclude {args.exclude} select none of the {args.profile} profile's cases")
     print(f"{_host_line(device_for(arch))} | arch {arch}")
     print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
     rows = run_catalogue(cases, arch)
@@ -328,20 +332,24 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
             r.first_catch or "-",
             f"{r.fails + r.errors}/{r.runs}",
             ratio(r.worst_ratio),
+            f"{r.worst_z:.3g}",
+            r.z_only or "-",
             *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES),
             r.fault,
         )
         for r in rows
     ]
     headers = (
-        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "vLLM 80%/0.3",
-        "triton_kernels", "what it does",
+        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "worst z", "by z only",
+        "vLLM 80%/0.3", "triton_kernels", "what it does",
     )  # fmt: skip
     print(format_table(headers, table))
     print(
         "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
         "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
-        "\nvLLM 80%/0.3, triton_kernels: the cases of the same runs that those peers' acceptance rules reject"
+        "\nworst z: the systematic-error test's largest z (threshold about 7: harness.systematic); by z only: FAILs"
+        "\nwith every element within the bound; vLLM 80%/0.3, triton_kernels: the cases of the same runs that those"
+        "\npeers' acceptance rules reject"
     )
     bad = [r.id for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -735,6 +743,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-k", action="append", default=[], metavar="SUBSTRING", help="keep case ids containing it (repeatable: all)"
     )
+    p.add_argument(
+        "--exclude", action="append", default=[], metavar="SUBSTRING",
+        help="drop case ids containing it (repeatable: any), e.g. the production shapes on a CPU",
+    )  # fmt: skip
+    p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
     p.set_defaults(fn=_cmd_mutants, parser=p)
 
     p = sub.add_parser("padding", help="weight memory each backend's padding costs at gpt-oss TP 1, 2, 4, 8")

@@ -64,6 +64,17 @@ class Metrics:
     rms_over_max_ref: float = 0.0
     """sqrt(mean (got - ref)^2) / max |ref| (triton_kernels' tests accept <= 0.005, with
     max_rel_err <= 0.025)."""
+    systematic_z: float | None = None
+    """The systematic-error test's largest z (``harness.systematic``); None where it did not run."""
+    systematic_threshold: float | None = None
+    """Its threshold for a false-alarm rate of ``harness.systematic.ALPHA`` per case."""
+    systematic: str = ""
+    """Its finding: where the largest projection is, and whether it fired."""
+
+    @property
+    def systematic_fired(self) -> bool:
+        """Whether the error is systematic beyond the test's threshold."""
+        return self.systematic_z is not None and self.systematic_z > (self.systematic_threshold or math.inf)
 
     def to_dict(self) -> dict[str, object]:
         """Plain data for the results file."""
@@ -230,6 +241,9 @@ def judge(backend: Backend, result: Result) -> None:
             f"{m.over_rigorous} beyond the rigorous bound, the rest beyond the probabilistic one, which honest "
             "arithmetic exceeds with probability < 3e-14 per element)"
         )
+    if m.systematic_fired:
+        within = "" if m.over_bound else f" (every element within the bound: worst {m.worst_ratio:.3g}x)"
+        problems.append(f"systematic: {m.systematic}{within}")
     if m.nondeterministic:
         text = f"{m.nondeterministic} elements differ between two runs on the same inputs"
         if d.deterministic:
@@ -286,12 +300,14 @@ def guarded_call(
         judge(backend, result)
         return None
     got = runs[0]
+    del ready  # the backend's converted weights (45 GB as fp32 at DeepSeek-V3) are not needed to judge
     if callable(bounded):
         bounded = bounded(got)
     result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
     g64 = got.to(torch.float64)
     result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
     result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
+    _systematic(inputs, bounded, got, result)
     now = inputs.tensors()
     mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
     judge(backend, result)
@@ -303,6 +319,20 @@ def guarded_call(
     if diagnose and result.outcome == "FAIL" and not mutated:
         result.diagnosis = _diagnosis(inputs, got, d.arithmetic)
     return got
+
+
+def _systematic(inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result) -> None:
+    """Run ``harness.systematic`` on the output into the metrics; where it does not apply (a tie,
+    a non-finite element), say so among the findings."""
+    from mxmoe.harness.systematic import systematic_test
+
+    found = systematic_test(inputs.weights, bounded, got)
+    m = result.metrics
+    if found is None:
+        if m.elements and bounded.terms is None:
+            result.findings.append("systematic-error test not run: the oracle admits alternatives (a tie)")
+        return
+    m.systematic_z, m.systematic_threshold, m.systematic = found.z, found.threshold, found.finding()
 
 
 def _diagnosis(inputs: CaseInputs, got: torch.Tensor, arithmetic: object) -> str:

@@ -521,8 +521,14 @@ class Row:
     first_catch: int | None = None
     """1-based count of cases run until the first FAIL or ERROR."""
     worst_ratio: float = 0.0
+    worst_z: float = 0.0
+    """Largest z of the systematic-error test (``harness.systematic``) over the cases run."""
+    z_only: int = 0
+    """FAILs with every element within the bound: caught by the systematic-error test alone."""
     peer_catches: dict[str, int] = field(default_factory=dict)
     """Peer rule -> cases run that it rejects (``engine.peer_verdicts``; an ERROR counts)."""
+    failure: str = ""
+    """The first FAIL or ERROR: case id, reason and the traceback's last line."""
     seconds: float = 0.0
     outcomes: dict[str, str] = field(default_factory=dict)
     """Case id -> outcome, for every case run."""
@@ -587,9 +593,11 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                 row.outcomes[case.id] = result.outcome
                 if result.outcome == "FAIL":
                     row.fails += 1
+                    row.z_only += int(result.metrics.systematic_fired and not result.metrics.over_bound)
                 elif result.outcome == "ERROR":
                     row.errors += 1
                     row.worst_ratio = math.inf
+                row.worst_z = max(row.worst_z, result.metrics.systematic_z or 0.0)
                 if result.metrics is not None and result.outcome != "ERROR":
                     row.worst_ratio = max(row.worst_ratio, result.metrics.worst_ratio)
                     rejected = peer_verdicts(result.metrics)
@@ -597,6 +605,9 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                     rejected = dict.fromkeys(PEER_RULES, result.outcome == "ERROR")
                 for rule, bad in rejected.items():
                     row.peer_catches[rule] = row.peer_catches.get(rule, 0) + int(bad)
+                if result.outcome in ("FAIL", "ERROR") and not row.failure:
+                    last = result.traceback.strip().splitlines()[-1:] if result.traceback else []
+                    row.failure = f"{case.id}: {result.reason}" + (f" ({last[0]})" if last else "")
                 if result.outcome in ("FAIL", "ERROR") and row.first_catch is None:
                     row.first_catch = row.runs
                 if log is not None:
