@@ -314,6 +314,10 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
     if not cases:
         raise UsageError(f"-k {args.k} and --exclude {args.exclude} select none of the {args.profile} profile's cases")
     print(f"{_host_line(device_for(arch))} | arch {arch}")
+    if args.vendor:
+        return _vendor_mutants(args, arch, cases)
+    if args.patch:
+        raise UsageError("--patch names patches of a vendor: give --vendor too")
     print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
     rows = run_catalogue(cases, arch)
 
@@ -359,6 +363,62 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
             f,
             indent=1,
         )
+    print(f"recorded: {args.json}")
+    if bad:
+        print(f"NOT AS EXPECTED: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
+def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
+    """``mutants --vendor V``: the vendor's patched kernels through its adapters (harness.mutation)."""
+    from mxmoe.harness.mutation.vendor import PEER_RULES, run_vendor, vendor
+    from mxmoe.harness.results import stamp
+
+    try:
+        v = vendor(args.vendor)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    interpreted = arch == "cpu" and v.interpret_as is not None
+    if interpreted:  # harness.mutation.interpret: that architecture's code path, under Triton's interpreter
+        arch = v.interpret_as
+    where = f"{arch}, interpreted on this cpu" if interpreted else arch
+    print(f"mutants --vendor {v.name}: {len(v.patches)} patches x adapters {', '.join(v.backends)} on {where}, "
+          f"profile {args.profile} ({len(cases)} cases)\n", flush=True)  # fmt: skip
+    from mxmoe.harness.vendor import VendorMissing
+
+    try:
+        rows = run_vendor(v, args.profile, [c.id for c in cases], jobs=args.jobs, only=args.patch or None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except (RuntimeError, VendorMissing) as exc:
+        print(f"mutants --vendor {v.name}: {exc}", file=sys.stderr)
+        return 2
+    table = [
+        (
+            r.id.split(":", 1)[1], r.backend, r.category, r.verdict, f"{r.fails + r.errors}/{r.runs}",
+            f"{r.differs}/{r.runs}" if r.kind != "control" else "-",
+            "inf" if r.worst_ratio == float("inf") else f"{r.worst_ratio:.3g}", f"{r.worst_z:.3g}", r.z_only or "-",
+            *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES), r.fault,
+        )
+        for r in rows
+    ]  # fmt: skip
+    headers = ("patch", "adapter", "category", "verdict", "caught/run", "differs", "worst err/bound", "worst z",
+               "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does")  # fmt: skip
+    print()
+    print(format_table(headers, table))
+    print(
+        "\ndiffers: cases whose output differs bit for bit from the unpatched kernel's (or that raise): a patch"
+        "\nthat differs nowhere has no effect on these cases and is not a miss; by z only: FAILs with every element"
+        "\nwithin the bound (harness.systematic); vLLM 80%/0.3, triton_kernels: the same runs under those peers' rules"
+    )
+    bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(
+            stamp("mutants") | {"profile": args.profile, "arch": arch, "vendor": v.name, "interpreted": interpreted,
+                                "rows": [r.to_dict() for r in rows]},
+            f, indent=1,
+        )  # fmt: skip
     print(f"recorded: {args.json}")
     if bad:
         print(f"NOT AS EXPECTED: {', '.join(bad)}")
@@ -747,7 +807,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", action="append", default=[], metavar="SUBSTRING",
         help="drop case ids containing it (repeatable: any), e.g. the production shapes on a CPU",
     )  # fmt: skip
+    p.add_argument(
+        "--vendor", help="mutate a vendor's real kernels instead (harness.mutation): triton (OpenAI triton_kernels)"
+    )
     p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
+    p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="with --vendor: patched copies run at once (default 1)")
     p.set_defaults(fn=_cmd_mutants, parser=p)
 
     p = sub.add_parser("padding", help="weight memory each backend's padding costs at gpt-oss TP 1, 2, 4, 8")

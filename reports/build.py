@@ -352,7 +352,8 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             "caught": sum(r["verdict"] == "caught" for r in rows_m),
             "faults": sum(r["kind"] == "mutant" for r in rows_m),
             "clean": sum(r["verdict"] == "clean" for r in rows_m),
-            "honest": sum(r["kind"] != "mutant" for r in rows_m),
+            "honest": sum(r["kind"] in ("honest", "control") for r in rows_m),
+            "vendor": mut.get("vendor"),
             "rows": rows_m,
         })  # fmt: skip
         for r in wrong:

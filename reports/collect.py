@@ -45,7 +45,7 @@ SUMMARIES: dict[str, tuple[tuple[str, ...], Callable[[dict], tuple]]] = {
     "model-check": (("backend", "arch", "passed", "layers"),
                     lambda r: ("model-check", r["backend"], r["arch"], r.get("model"),
                                json.dumps(r.get("planted") or {}, sort_keys=True))),
-    "mutants": (("arch", "profile", "rows"), lambda r: ("mutants", r["arch"], r["profile"])),
+    "mutants": (("arch", "profile", "rows"), lambda r: ("mutants", r["arch"], r["profile"], r.get("vendor"))),
     "padding": (("rows",), lambda r: ("padding",)),
 }  # fmt: skip
 

@@ -109,8 +109,9 @@ def markdown(report: dict) -> str:
         for f in report["faults"]:
             missed = [r["id"] for r in f["rows"] if r["verdict"] == "MISSED"]
             alarms = [r["id"] for r in f["rows"] if r["verdict"] == "FALSE ALARM"]
-            out.append(f"- {f['arch']} ({f['profile']} profile, {f['host']}): {f['caught']}/{f['faults']} faults "
-                       f"caught, {f['clean']}/{f['honest']} honest variants clean"
+            vendor = f", {f['vendor']}'s real kernels patched" if f.get("vendor") else ""
+            out.append(f"- {f['arch']}{vendor} ({f['profile']} profile, {f['host']}): "
+                       f"{f['caught']}/{f['faults']} faults caught, {f['clean']}/{f['honest']} honest variants clean"
                        + (f"; MISSED: {', '.join(missed)}" if missed else "")
                        + (f"; FALSE ALARM: {', '.join(alarms)}" if alarms else ""))  # fmt: skip
     if report["gpqa"]:

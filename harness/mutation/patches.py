@@ -1,0 +1,258 @@
+"""The patches: one-line bugs of the project's own, as data, per vendor.
+
+Each patch is one bug. Where a vendor has the same line in two kernel variants (triton_kernels'
+``_matmul_ogs`` and its persistent twin ``_p_matmul_ogs``), the patch carries the same one-line
+change for each, so the bug is there whichever variant the kernel's heuristics pick. The old line
+must occur exactly once in its file (``apply``): a vendor update that moves it is an error naming
+the file and the line, not a silently unpatched run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CATEGORIES = ("activation", "bias", "routing-weight", "scale", "layout", "routing")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the line ``old`` (exact, indentation included) of ``file`` (relative to the
+    package folder) with ``new``."""
+
+    file: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One bug planted in a vendor kernel."""
+
+    slug: str
+    category: str
+    fault: str
+    edits: tuple[Edit, ...]
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"Patch.category must be one of {', '.join(CATEGORIES)}; got {self.category!r}")
+        if not self.edits:
+            raise ValueError(f"Patch {self.slug!r} has no edits")
+
+
+_SW = "swiglu_details/_swiglu.py"
+_MM = "matmul_ogs_details/_matmul_ogs.py"
+_PMM = "matmul_ogs_details/_p_matmul_ogs.py"
+_HV = "tensor_details/layout_details/hopper_value.py"
+_HS = "tensor_details/layout_details/hopper_scale.py"
+_RC = "routing_details/_routing_compute.py"
+
+TRITON_PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "swiglu-no-plus-one", "activation", "fused swiglu returns s * up instead of s * (up + 1)",
+        (Edit(_SW, "    return tl.fma(s, linear, s)  # (s * (linear + 1))", "    return s * linear"),),
+    ),
+    Patch(
+        "swiglu-alpha-dropped", "activation", "fused swiglu's sigmoid without alpha (1.702 read as 1)",
+        (Edit(_SW, "    s = gelu / (1 + tl.exp(-alpha * gelu))", "    s = gelu / (1 + tl.exp(-gelu))"),),
+    ),
+    Patch(
+        "swiglu-gate-up-swapped", "layout", "fused swiglu splits the interleaved pair as (up, gate)",
+        (Edit(
+            _SW,
+            "    gelu, linear = tl.split(tl.reshape(input, (input.shape[0], input.shape[1] // 2, 2)))",
+            "    linear, gelu = tl.split(tl.reshape(input, (input.shape[0], input.shape[1] // 2, 2)))",
+        ),),
+    ),
+    Patch(
+        "swiglu-gate-unclamped", "activation", "the gate is never clamped at the limit",
+        (Edit(_SW, "        gelu = clip(gelu, limit, clip_lower=False)", "        gelu = gelu"),),
+    ),
+    Patch(
+        "swiglu-up-clamped-above-only", "activation", "up is clamped from above only (no -limit floor)",
+        (Edit(_SW, "        linear = clip(linear, limit, clip_lower=True)",
+              "        linear = clip(linear, limit, clip_lower=False)"),),
+    ),
+    Patch(
+        "bias-of-expert-0", "bias", "every expert adds expert 0's bias (the expert stride dropped)",
+        (
+            Edit(_MM, "        BPtrs = B + expt_id * stride_b_e + offs_y_n", "        BPtrs = B + offs_y_n"),
+            Edit(_PMM, "            BPtrs = B + expt_id1 * stride_b_e + offs_y_n", "            BPtrs = B + offs_y_n"),
+        ),
+    ),
+    Patch(
+        "bias-every-split", "bias", "the bias added by every split-K slice, not only the first",
+        (
+            Edit(_MM, "        if pid_k == 0:", "        if pid_k >= 0:"),
+            Edit(_PMM, "            if pid_k1 == 0:", "            if pid_k1 >= 0:"),
+        ),
+    ),
+    Patch(
+        "gammas-row-offset", "routing-weight", "routing weights read without the expert's row offset (misassigned)",
+        (
+            Edit(
+                _MM,
+                "        gammas = tl.load(Gammas + start_m + offs_m, mask=mask_m, other=0.0)",
+                "        gammas = tl.load(Gammas + offs_m, mask=mask_m, other=0.0)",
+            ),
+            Edit(
+                _PMM,
+                "            gammas = tl.load(Gammas + start_m1 + offs_m, mask=mask_m, other=0.0)",
+                "            gammas = tl.load(Gammas + offs_m, mask=mask_m, other=0.0)",
+            ),
+        ),
+    ),
+    Patch(
+        "gammas-twice", "routing-weight", "each row scaled by its routing weight squared (applied twice)",
+        (
+            Edit(_MM, "    out *= gammas[:, None]", "    out *= gammas[:, None] * gammas[:, None]"),
+            Edit(_PMM, "            out *= gammas[:, None]", "            out *= gammas[:, None] * gammas[:, None]"),
+        ),
+    ),
+    Patch(
+        "scales-of-tile-0", "scale", "every N tile reads the first tile's E8M0 scales",
+        (Edit(
+            _MM,
+            "        offs_n_scale = (pid_n * SCALE_BLOCK_N + tl.arange(0, SCALE_BLOCK_N)) % N",
+            "        offs_n_scale = tl.arange(0, SCALE_BLOCK_N) % N",
+        ),),
+    ),
+    Patch(
+        "e8m0-times-two", "scale", "the Hopper upcast multiplies by twice the scale (E8M0 bias 126)",
+        (Edit(_HV, "    x = x * scale", "    x = x * scale * 2"),),
+    ),
+    Patch(
+        "hopper-scale-unswizzle", "scale", "the Hopper scale unswizzle permutes two axes the wrong way",
+        (Edit(_HS, "    x = x.trans(0, 3, 1, 6, 4, 2, 5)", "    x = x.trans(0, 3, 1, 6, 2, 4, 5)"),),
+    ),
+    Patch(
+        "e2m1-bias", "layout", "the FP4 upcast's exponent bias off by one (2^125 for 2^126: every value halved)",
+        (Edit(
+            _HV,
+            "            mov.b32 bias, 0x7e807e80; // 2 ** 126 == 2 ** (bias_bf16 - bias_fp2)",
+            "            mov.b32 bias, 0x7e007e00; // 2 ** 125",
+        ),),
+    ),
+    Patch(
+        "routing-no-softmax", "routing", "routing() skips the softmax over the chosen k (raw logits as weights)",
+        (Edit(
+            "routing.py",
+            "                                           apply_softmax=not sm_first, y_indx=expt_indx, n_rows=n_rows)",
+            "                                           apply_softmax=sm_first, y_indx=expt_indx, n_rows=n_rows)",
+        ),),
+    ),
+    Patch(
+        "routing-inclusive-offsets", "routing", "tokens placed at inclusive, not exclusive, run lengths (off by one)",
+        (Edit(
+            _RC,
+            "    exclusive_run_lengths = (expts_and_inclusive_run_lengths - 1) & 0xffff",
+            "    exclusive_run_lengths = (expts_and_inclusive_run_lengths) & 0xffff",
+        ),),
+    ),
+    Patch(
+        "routing-sigmoid-for-softmax", "routing", "the top-k kernel weights the chosen k by sigmoid, not softmax",
+        (Edit(
+            "topk_details/_topk_forward.py",
+            "        y_values = tl.softmax(y_values.to(tl.float32), dim=1, keep_dims=True).to(x_dtype)",
+            "        y_values = tl.sigmoid(y_values.to(tl.float32)).to(x_dtype)",
+        ),),
+    ),
+)  # fmt: skip
+
+_AK = "ops/triton/_triton_kernels/moe/moe_op_gemm_a16w4.py"
+_AA = "ops/triton/_triton_kernels/moe/activations.py"
+_AR = "ops/triton/_triton_kernels/moe/reduce.py"
+_ATK = "ops/triton/_triton_kernels/moe/moe_routing/topk.py"
+_ARH = "ops/triton/moe/moe_routing/routing.py"
+
+AITER_PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "swiglu-alpha-dropped", "activation", "swiglu's sigmoid without alpha (silu(g), not g sigmoid(1.702 g))",
+        (Edit(_AA, "    s = gelu / (1 + tl.exp2(-1.44269504089 * alpha * gelu))",
+              "    s = gelu / (1 + tl.exp2(-1.44269504089 * gelu))"),),
+    ),
+    Patch(
+        "swiglu-no-plus-one", "activation", "swigluoai returns s * up instead of s * (up + 1)",
+        (Edit(_AA, "        return tl.fma(s, linear, s)  # s * (linear + 1)", "        return s * linear"),),
+    ),
+    Patch(
+        "swiglu-up-clamped-above-only", "activation", "up is clamped from above only (no -limit floor)",
+        (Edit(_AA, "        linear = clip(linear, limit, clip_lower=True)",
+              "        linear = clip(linear, limit, clip_lower=False)"),),
+    ),
+    Patch(
+        "swiglu-gate-unclamped", "activation", "the gate is never clamped at the limit",
+        (Edit(_AA, "        gelu = clip(gelu, limit, clip_lower=False)", "        gelu = gelu"),),
+    ),
+    Patch(
+        "swiglu-gate-up-swapped", "layout", "swiglu splits the interleaved pair as (up, gate)",
+        (Edit(
+            _AA,
+            "    gelu, linear = tl.split(tl.reshape(input, (input.shape[0], input.shape[1] // 2, 2)))",
+            "    linear, gelu = tl.split(tl.reshape(input, (input.shape[0], input.shape[1] // 2, 2)))",
+        ),),
+    ),
+    Patch(
+        "bias-of-expert-0", "bias", "every expert adds expert 0's bias (the expert stride dropped)",
+        (Edit(_AK, "        BPtrs = B + expt_id * stride_b_e + offs_y_n", "        BPtrs = B + offs_y_n"),),
+    ),
+    Patch(
+        "bias-split-guard", "bias", "the split-K bias guard off by one (the bias never added)",
+        (Edit(_AK, "        if pid_k == 0:", "        if pid_k == 1:"),),
+    ),
+    Patch(
+        "gammas-row-offset", "routing-weight", "routing weights read without the expert's row offset (misassigned)",
+        (Edit(_AK, "        gammas = tl.load(Gammas + start_m + offs_m, mask=mask_m, other=0.0)",
+              "        gammas = tl.load(Gammas + offs_m, mask=mask_m, other=0.0)"),),
+    ),
+    Patch(
+        "gammas-twice", "routing-weight", "each row scaled by its routing weight squared (applied twice)",
+        (Edit(_AK, "        out *= gammas[:, None]", "        out *= gammas[:, None] * gammas[:, None]"),),
+    ),
+    Patch(
+        "scales-of-tile-0", "scale", "every N tile reads the first tile's E8M0 scales",
+        (Edit(_AK, "    offs_w_n_scale = (pid_n * SCALE_BLOCK_N + tl.arange(0, SCALE_BLOCK_N)) % N",
+              "    offs_w_n_scale = (tl.arange(0, SCALE_BLOCK_N)) % N"),),
+    ),
+    Patch(
+        "scales-of-expert-0", "scale", "every expert reads expert 0's E8M0 scales",
+        (Edit(_AK, "    WMxScale += expt_id * stride_w_mx_e", "    WMxScale += 0 * expt_id * stride_w_mx_e"),),
+    ),
+    Patch(
+        "e8m0-plus-one", "scale", "every E8M0 byte read one too high (weights doubled)",
+        (Edit(_AK, "            w_scales = tl.load(WMxScalePtrs)",
+              "            w_scales = tl.load(WMxScalePtrs) + 1"),),
+    ),
+    Patch(
+        "scale-pointer-not-advanced", "scale",
+        "the scale pointer not advanced along K (K blocks reuse the first scales)",
+        (Edit(_AK, "        WMxScalePtrs += (PACKED_MX_BLOCK * SPLIT_K) * stride_w_mx_k",
+              "        WMxScalePtrs += 0 * stride_w_mx_k"),),
+    ),
+    Patch(
+        "gather-not-offset", "layout", "the gather index not offset to the expert's first row (wrong tokens)",
+        (Edit(_AK, "        GatherIndx += start_m", "        GatherIndx += 0"),),
+    ),
+    Patch(
+        "reduce-keeps-last", "routing-weight", "the top-k reduce keeps the last row instead of summing",
+        (Edit(_AR, "        acc += curr", "        acc = curr"),),
+    ),
+    Patch(
+        "reduce-first-slot", "routing-weight", "the top-k reduce sums the first slot k times",
+        (Edit(_AR, "            indxs = indxs + (tl.load(InIndx + start + i),)",
+              "            indxs = indxs + (tl.load(InIndx + start),)"),),
+    ),
+    Patch(
+        "routing-no-softmax", "routing", "routing skips the softmax over the chosen k (raw logits as weights)",
+        (Edit(_ARH, "            apply_softmax=not sm_first,", "            apply_softmax=sm_first,"),),
+    ),
+    Patch(
+        "routing-softmax-twice", "routing", "softmax over all experts before the top-k, then again over the k",
+        (Edit(_ARH, "        if sm_first:", "        if not sm_first:"),),
+    ),
+    Patch(
+        "routing-sort-key-inverted", "routing", "the float-to-sort-key transform inverted (the wrong experts chosen)",
+        (Edit(_ATK, "    return x ^ tl.where((x & tm) != 0, fm, tm)",
+              "    return x ^ tl.where((x & tm) != 0, tm, fm)"),),
+    ),
+)  # fmt: skip

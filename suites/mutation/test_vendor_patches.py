@@ -1,0 +1,137 @@
+"""Vendor mutation testing: the patches are well-formed data, apply exactly or fail naming the line,
+apply to the vendor source where it is cached, and the interpreter fix they rely on on a CPU is
+right. (The matrices themselves run where the kernels run: ``mutants --vendor triton`` on a GPU,
+``mutants --vendor aiter`` under the interpreter; their numbers are in the issue's note.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxmoe.harness.mutation.patches import AITER_PATCHES, TRITON_PATCHES, Edit, Patch
+from mxmoe.harness.mutation.vendor import VENDORS, PatchError, apply, vendor
+from mxmoe.harness.vendor import VendorMissing
+
+
+@pytest.mark.parametrize("patches", [TRITON_PATCHES, AITER_PATCHES], ids=["triton", "aiter"])
+def test_each_vendor_has_eight_or_more_one_line_patches_across_the_kernel(patches):
+    slugs = [p.slug for p in patches]
+    assert len(slugs) == len(set(slugs)) >= 8
+    assert {"activation", "bias", "routing-weight", "scale", "routing"} <= {p.category for p in patches}
+    for p in patches:
+        assert all(e.old != e.new and "\n" not in e.old + e.new for e in p.edits), p.slug
+        assert len({e.file for e in p.edits}) == len(p.edits), f"{p.slug}: one line per file"
+
+
+def test_patch_and_vendor_reject_unknown_names():
+    with pytest.raises(ValueError, match="category must be one of"):
+        Patch("x", "epilogue", "?", (Edit("a.py", "a", "b"),))
+    with pytest.raises(ValueError, match="--vendor must be one of triton, aiter"):
+        vendor("flashinfer")
+
+
+def _package(tmp_path: Path) -> Path:
+    src = tmp_path / "src" / "pkg"
+    (src / "sub").mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    (src / "sub" / "k.py").write_text("def f(x):\n    y = x + 1\n    return y\n")
+    (src / "sub" / "twice.py").write_text("    a = 1\n    a = 1\n")
+    return src
+
+
+def test_apply_copies_then_changes_exactly_one_line(tmp_path):
+    src = _package(tmp_path)
+    patch = Patch("plus-two", "activation", "adds two", (Edit("sub/k.py", "    y = x + 1", "    y = x + 2"),))
+    root = apply(src, tmp_path / "copy", "pkg", patch)
+    assert (root / "pkg" / "sub" / "k.py").read_text() == "def f(x):\n    y = x + 2\n    return y\n"
+    assert (src / "sub" / "k.py").read_text().count("x + 1") == 1  # the source is never touched
+    assert (apply(src, tmp_path / "plain", "pkg", None) / "pkg" / "sub" / "k.py").read_text() == (
+        src / "sub" / "k.py"
+    ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (Edit("sub/k.py", "    y = x + 3", "    y = 0"), "occurs 0 times in sub/k.py"),
+        (Edit("sub/twice.py", "    a = 1", "    a = 2"), "occurs 2 times in sub/twice.py"),
+        (Edit("sub/gone.py", "x", "y"), "sub/gone.py is not in"),
+    ],
+)
+def test_a_patch_that_does_not_apply_exactly_names_file_and_line(tmp_path, edit, message):
+    with pytest.raises(PatchError, match=message):
+        apply(_package(tmp_path), tmp_path / "copy", "pkg", Patch("p", "layout", "?", (edit,)))
+
+
+@pytest.mark.parametrize("name", sorted(VENDORS))
+def test_every_patch_applies_to_the_vendor_source_at_hand(name, tmp_path):
+    v = VENDORS[name]
+    try:
+        src = v.locate()
+    except VendorMissing as exc:
+        pytest.skip(f"{name}'s source is not here: {exc}")
+    for p in v.patches:
+        root = apply(src, tmp_path / p.slug, v.package, p)
+        for e in p.edits:
+            assert e.new in (root / v.package / e.file).read_text().split("\n")
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the interpreter's bf16 cast is what is fixed: runs where Triton is interpreted",
+)
+def test_the_interpreter_rounds_float32_to_bfloat16_to_nearest_even(monkeypatch):
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    from mxmoe.harness.mutation.interpret import round_bf16_to_nearest
+
+    for name in ("cast_impl", "create_fp_to_fp", "_mxmoe_rne_bf16"):  # undone after the test
+        monkeypatch.setattr(ti.InterpreterBuilder, name, getattr(ti.InterpreterBuilder, name, False), raising=False)
+    monkeypatch.delattr(ti.InterpreterBuilder, "_mxmoe_rne_bf16", raising=False)
+
+    @triton.jit
+    def cast(x_ptr, y_ptr, n: tl.constexpr):
+        offs = tl.arange(0, n)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+    x = torch.tensor([1 + 2**-8 + 2**-12, -(1 + 3 * 2**-8), 1 + 2**-8, 3.0e38, float("nan"), 0.1, -2.5e-3, 7.0])
+    round_bf16_to_nearest()
+    y = torch.empty(8, dtype=torch.bfloat16)
+    cast[(1,)](x, y, 8)
+    want = x.to(torch.bfloat16)  # torch rounds to nearest even
+    assert torch.equal(y[~x.isnan()].view(torch.int16), want[~x.isnan()].view(torch.int16))
+    assert bool(y[4].isnan())
+
+
+def _rec(backend: str, case: str, outcome: str, digest: str, **kw: object) -> dict:
+    rec = {"backend": backend, "case": case, "outcome": outcome, "reason": kw.pop("reason", outcome),
+           "worst_ratio": 0.3, "over_bound": 0, "z": 1.0, "z_fired": False, "digest": digest,
+           "peers": {"vllm_80pct_0p3": False, "triton_kernels": False}}  # fmt: skip
+    rec.update(kw)
+    return rec
+
+
+def test_a_patch_is_material_only_where_it_changes_the_output():
+    """No effect (bit-identical everywhere) is not a miss; a changed output that passes is MISSED;
+    a FAIL or an ERROR (a worker that died included) is caught."""
+    from mxmoe.harness.mutation.vendor import _rows
+
+    v = VENDORS["triton"]
+    base = {("triton", "c1"): "a", ("triton", "c2"): "b", ("triton-unfused", "c1"): "c", ("triton-unfused", "c2"): "d"}
+    p = TRITON_PATCHES[0]
+    same = [_rec(b, c, "PASS", d) for (b, c), d in base.items()]
+    assert [r.verdict for r in _rows(p, v, same, base)] == ["no effect", "no effect"]
+    changed = same[:1] + [_rec("triton", "c2", "PASS", "other")] + same[2:]
+    rows = _rows(p, v, changed, base)
+    want = [("triton", "MISSED", 1), ("triton-unfused", "no effect", 0)]
+    assert [(r.backend, r.verdict, r.differs) for r in rows] == want
+    died = [_rec("triton", "c1", "ERROR", "none", worst_ratio=float("inf"), reason="the worker process died")]
+    row = _rows(p, v, died, base)[0]
+    assert (row.verdict, row.errors, row.failure) == ("caught", 1, "c1: the worker process died")
+    control = _rows(None, v, [_rec("triton", "c1", "FAIL", "a", over_bound=3)], {})[0]
+    assert control.verdict == "FALSE ALARM"
