@@ -28,8 +28,8 @@ import torch
 
 from mxmoe.harness.backend import Declaration
 from mxmoe.harness.cases import Case
-from mxmoe.harness.engine import Result
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.engine import Result, checksum
+from mxmoe.harness.inputs import CaseInputs, make_inputs
 from mxmoe.harness.platforms import device_for, host_arch, host_fingerprint
 from mxmoe.harness.registry import Loaded, load_spec
 from mxmoe.reference.moe import MoEWeights
@@ -37,6 +37,23 @@ from mxmoe.reference.moe import MoEWeights
 SCHEMA = 1
 """Version of the record and reproducer formats; a reader meeting another version must say so."""
 REPRO_DIR = "repro"
+REPRO_MAX_MB = 64
+"""Default size cap of a reproducer's tensors (``MXMOE_REPRO_MAX_MB`` overrides; 0 turns the cap
+off). A gpt-oss-120b case's inputs are about 2 GB: over the cap, a reproducer whose inputs are
+exactly the case's own (``make_inputs`` of its id, on its device) keeps their checksums instead,
+and replay regenerates and verifies them."""
+
+
+def repro_cap_bytes() -> int:
+    """The cap in bytes, 0 for none; a clear error for a value that is not a non-negative number."""
+    raw = os.environ.get("MXMOE_REPRO_MAX_MB", str(REPRO_MAX_MB))
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:
+        raise ValueError(f"MXMOE_REPRO_MAX_MB must be a non-negative number of megabytes (0: no cap); got {raw!r}")
+    return int(mb * 2**20)
 _WEIGHT_NAMES = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales", "w13_bias", "w2_bias")
 
 
@@ -168,7 +185,14 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
     folder.mkdir(parents=True, exist_ok=True)
     tensors_path = folder / f"{result.test_id}.safetensors"
     json_path = folder / f"{result.test_id}.json"
-    save_file({k: v.detach().cpu().contiguous() for k, v in inputs.tensors().items()}, str(tensors_path))
+    sums = checksum(inputs.tensors())
+    size = sum(t.numel() * t.element_size() for t in inputs.tensors().values())
+    cap = repro_cap_bytes()
+    regenerate = bool(cap) and size > cap and checksum(make_inputs(inputs.case, inputs.x.device).tensors()) == sums
+    if regenerate:
+        tensors_path.unlink(missing_ok=True)
+    else:  # under the cap, or inputs that are not the case's own (a model's activations, a shrunk case)
+        save_file({k: v.detach().cpu().contiguous() for k, v in inputs.tensors().items()}, str(tensors_path))
     info = {
         "schema": SCHEMA,
         "test_id": result.test_id,
@@ -178,7 +202,11 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "case_id": result.case.id,
         "case": result.case.to_dict(),
         "w13_layout": inputs.weights.w13_layout,
-        "tensors": tensors_path.name,
+        "tensors": None if regenerate else tensors_path.name,
+        "input_bytes": size,
+        "checksums": sums,
+        "inputs": (f"regenerated from the case id on {inputs.x.device.type} ({size / 2**20:.0f} MB over the "
+                   f"{cap / 2**20:.0f} MB cap; MXMOE_REPRO_MAX_MB=0 keeps them)") if regenerate else "saved",
         "outcome": result.outcome,
         "reason": result.reason,
         "metrics": result.metrics.to_dict(),
@@ -203,6 +231,15 @@ def load_repro(json_path: str | Path) -> tuple[Loaded, Case, str, CaseInputs]:
     case = Case.from_dict(info["case"])
     arch = info["arch"]
     device = device_for(arch) if arch == host_arch() else "cpu"
+    if info.get("tensors") is None:  # over the size cap: the case's own inputs, regenerated and verified
+        inputs = make_inputs(case, device)
+        if checksum(inputs.tensors()) != info.get("checksums"):
+            raise ValueError(
+                f"{path}: its inputs are regenerated from the case id, and those made here on {device} differ from "
+                f"the recorded checksums: replay it on {arch} (inputs are drawn per device type), or record it "
+                "again with MXMOE_REPRO_MAX_MB=0 to keep the tensors"
+            )
+        return load_spec(info["backend_spec"]), case, arch, inputs
     t = load_file(str(path.parent / info["tensors"]), device=device)
     weights = MoEWeights(*(t.get(n) for n in _WEIGHT_NAMES), w13_layout=info["w13_layout"])
     inputs = CaseInputs(case, t["x"], t["router_logits"], weights, t.get("expert_map"), t.get("correction_bias"))

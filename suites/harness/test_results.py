@@ -127,3 +127,31 @@ def test_reproducer_tensors_are_not_pickles(tmp_path, wrong):
     header = json.loads(blob[8 : 8 + header_len])  # safetensors: a JSON header, then raw bytes
     assert set(header) - {"__metadata__"} == set(inputs.tensors())
     assert not blob.startswith(b"\x80")  # no pickle protocol marker
+
+
+def test_reproducers_over_the_size_cap_regenerate_their_inputs(tmp_path, wrong, monkeypatch, capsys):
+    """Over MXMOE_REPRO_MAX_MB, the case's own inputs are kept as checksums and regenerated on
+    replay; inputs that are not the case's own are always written; 0 is the opt-out."""
+    case = make_case("small", 7)
+    result, inputs = run_case(wrong.backend, case, ARCH)
+    monkeypatch.setenv("MXMOE_REPRO_MAX_MB", "0.01")  # 10 KB: under the small case's inputs
+    path = save_repro(tmp_path / "capped", result, inputs, wrong.spec)
+    info = json.loads(path.read_text())
+    assert info["tensors"] is None and not path.with_suffix(".safetensors").exists()
+    assert info["input_bytes"] > 0.01 * 2**20 and info["inputs"].startswith("regenerated from the case id")
+    _, _, _, got = load_repro(path)
+    for name, t in inputs.tensors().items():
+        assert bitwise_differences(got.tensors()[name], t) == 0, name
+    assert main(["replay", str(path)]) == 1 and f"FAIL {result.test_id}" in capsys.readouterr().out
+    info["checksums"]["x"] = "0" * 64  # another harness's inputs: refused, saying how to keep tensors
+    path.write_text(json.dumps(info))
+    with pytest.raises(ValueError, match="differ from the recorded checksums.*MXMOE_REPRO_MAX_MB=0"):
+        load_repro(path)
+    inputs.x.mul_(2)  # not the case's own any more: written whatever the cap
+    assert json.loads(save_repro(tmp_path / "own", result, inputs, wrong.spec).read_text())["tensors"]
+    monkeypatch.setenv("MXMOE_REPRO_MAX_MB", "0")
+    inputs.x.div_(2)
+    assert json.loads(save_repro(tmp_path / "full", result, inputs, wrong.spec).read_text())["inputs"] == "saved"
+    monkeypatch.setenv("MXMOE_REPRO_MAX_MB", "lots")
+    with pytest.raises(ValueError, match="MXMOE_REPRO_MAX_MB must be a non-negative number"):
+        save_repro(tmp_path / "bad", result, inputs, wrong.spec)
