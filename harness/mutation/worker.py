@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from mxmoe.harness.bounds import reference_and_bound
     from mxmoe.harness.engine import peer_verdicts, run_case
     from mxmoe.harness.inputs import make_inputs
+    from mxmoe.harness.mutants import PEER_RULES
     from mxmoe.harness.platforms import device_for
     from mxmoe.harness.registry import discover, select
     from mxmoe.harness.zoo import profile_cases
@@ -95,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 "backend": backend.declaration.id, "case": case.id, "outcome": result.outcome,
                 "reason": result.reason, "worst_ratio": m.worst_ratio, "over_bound": m.over_bound,
                 "z": m.systematic_z, "z_fired": m.systematic_fired,
-                "peers": peer_verdicts(m) if result.outcome != "ERROR" else dict.fromkeys(
-                    ("vllm_80pct_0p3", "triton_kernels"), True),
+                "peers": peer_verdicts(m) if result.outcome != "ERROR" else dict.fromkeys(PEER_RULES, True),
                 "digest": digest, "interpreted": interpreted,
             }  # fmt: skip
             with args.out.open("a") as f:
