@@ -808,7 +808,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop case ids containing it (repeatable: any), e.g. the production shapes on a CPU",
     )  # fmt: skip
     p.add_argument(
-        "--vendor", help="mutate a vendor's real kernels instead (harness.mutation): triton (OpenAI triton_kernels)"
+        "--vendor",
+        help="mutate a vendor's real kernels instead (harness.mutation): triton (OpenAI triton_kernels, on a GPU) "
+        "or aiter (AITER's Triton a16w4; on a CPU, under Triton's interpreter on gfx942's code path)",
     )
     p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
     p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")
