@@ -201,7 +201,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     # whose threshold is z ~ 7, and DeepSeek-V3 at T=4096 holds 1.9 GB per tensor even so
     act = torch.zeros(t, k, w.intermediate_size, dtype=torch.float32, device=dev)
     act_sq = torch.zeros_like(act)
-    lin_sys = torch.zeros_like(val)
+    coherent = torch.zeros(t, hidden, dtype=torch.float64, device=dev)  # lin's counterpart, summed over k
     factor = torch.zeros(t, k, dtype=torch.float64, device=dev)
     alpha = case.alpha if case.activation == "swigluoai" else 1.0
     beta = case.beta if case.activation == "swigluoai" else 0.0
@@ -273,7 +273,8 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         act[tok, slot], act_sq[tok, slot] = a.float(), q_a.float()
         if on_input:
             val[tok, slot], err[tok, slot], mag[tok, slot] = y, e_y, y.abs() + e_y
-            sq[tok, slot], lin[tok, slot], lin_sys[tok, slot] = q_y, l_y, l_y_sys
+            sq[tok, slot], lin[tok, slot] = q_y, l_y
+            coherent.index_add_(0, tok, l_y_sys)
             factor[tok, slot] = 1.0
         else:
             factor[tok, slot] = we.squeeze(1)
@@ -283,7 +284,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             # A token's routing weights come from one softmax: their errors are shared, worst-case.
             sq[tok, slot] = we**2 * q_y
             lin[tok, slot] = we.abs() * l_y + ew * (y.abs() + e_y)
-            lin_sys[tok, slot] = we.abs() * l_y_sys + ew * (y.abs() + e_y)
+            coherent.index_add_(0, tok, we.abs() * l_y_sys + ew * (y.abs() + e_y))
     out = val.sum(1)
     point = _DTYPE_POINT[p.output]
     rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1)
@@ -302,13 +303,13 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     if not torch.all((out - ref).abs() <= 1e-10 * (scale + ref.abs()) + 1e-300):
         raise AssertionError("harness.bounds disagrees with reference.moe on this case: a harness bug")
     terms = SlotTerms(
-        ids=torch.where(ids >= 0, ids, torch.full_like(ids, -1)),
+        ids=ids,
         slot_out=val.float(),
         weight=factor,
         intermediate=act,
         intermediate_sq=act_sq,
         variance=q_out + final**2,
-        coherent=lin_sys.sum(1),
+        coherent=coherent,
     )
     return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic, terms=terms)
 
