@@ -231,8 +231,8 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         e_h = e_x @ a1.T + _gamma(w1.shape[1] + 2, u) * m1
         q_h = (w1.shape[1] + 2) * ((u + _U64) * m1) ** 2  # one rounding per product and per sum
         l_h = e_x @ a1.T  # an error of x reaches every row: coherent, kept worst-case
-        if p.gemm1_output != "fp64":
-            r = rounding_bound(p.gemm1_output, h.abs(), e_h)
+        if p.gemm1_output != "fp64":  # what is rounded: the product, or product plus bias
+            r = rounding_bound(p.gemm1_output, (h - b1 if p.bias_after_rounding else h).abs(), e_h)
             e_h, q_h = e_h + r, q_h + r**2
         g, up = split_gate_up(h, w.w13_layout)
         e_g, e_u = split_gate_up(e_h, w.w13_layout)
@@ -268,7 +268,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         l_y = l_a @ a2.T
         l_y_sys = l_a_sys @ a2.T
         if p.expert_output != "fp64":
-            r = rounding_bound(p.expert_output, y.abs(), e_y)
+            r = rounding_bound(p.expert_output, (y - b2 if p.bias_after_rounding else y).abs(), e_y)
             e_y, q_y = e_y + r, q_y + r**2
         act[tok, slot], act_sq[tok, slot] = a.float(), q_a.float()
         if on_input:

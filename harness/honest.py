@@ -57,6 +57,26 @@ class HonestBf16Gemm(TorchMoE):
     )
 
 
+class HonestBiasAfter(TorchMoE):
+    """fp32 GEMMs whose products are stored in bf16 before the bias is added in float32 (GEMM1's
+    in the activation, GEMM2's in the combine), float32 routing weights, rows chunked [up; gate]:
+    the arithmetic of FlashInfer's CUTLASS MoE (``Precision.bias_after_rounding``)."""
+
+    declaration = _declare(
+        "honest-bias-after",
+        "fp32 GEMMs, bf16 products with the biases added after, bf16 intermediate and output",
+        Precision(
+            gemm1_output="bf16",
+            intermediate="bf16",
+            expert_output="bf16",
+            routing_weights="fp32",
+            output=torch.bfloat16,
+            bias_after_rounding=True,
+        ),
+        "chunked_up_gate",
+    )
+
+
 class HonestBf16Weights(TorchMoE):
     """As HonestFp32 with the routing weights rounded to bf16, and declared so."""
 
@@ -79,7 +99,7 @@ class HonestMxfp8(TorchMoE):
     )
 
 
-HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBf16Weights, HonestMxfp8)
+HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Weights, HonestMxfp8)
 
 
 class Oracle(Backend):

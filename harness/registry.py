@@ -51,6 +51,7 @@ BUILTIN = (
     "mxmoe.harness.honest:HonestFp32",
     "mxmoe.harness.honest:HonestSplitK",
     "mxmoe.harness.honest:HonestBf16Gemm",
+    "mxmoe.harness.honest:HonestBiasAfter",
     "mxmoe.harness.honest:HonestBf16Weights",
     "mxmoe.harness.honest:HonestMxfp8",
     "mxmoe.harness.honest:Oracle",

@@ -107,15 +107,20 @@ class TorchMoE(Backend):
             we = weights[tok, slot].unsqueeze(1)
             xe = x[tok] * we if on_input else x[tok]
             xe = self._round(xe, p.activation_input, p)
+            late = p.bias_after_rounding  # the GEMM's product rounded, the bias added after
             h = self._gemm(xe, prepared.w13[e])
-            if prepared.b13 is not None:
+            if prepared.b13 is not None and not late:
                 h = h + prepared.b13[e]
             h = self._round(h, p.gemm1_output, p)
+            if prepared.b13 is not None and late:
+                h = h + prepared.b13[e]
             a = self._round(self.activate(h, inputs), p.intermediate, p)
             y = self._gemm(a, prepared.w2[e])
-            if prepared.b2 is not None:
+            if prepared.b2 is not None and not late:
                 y = y + prepared.b2[e]
             y = self._round(y, p.expert_output, p)
+            if prepared.b2 is not None and late:
+                y = y + prepared.b2[e]
             acc.index_add_(0, tok, y if on_input else y * we)
         out.copy_(acc[:, : out.shape[1]])
 

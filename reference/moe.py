@@ -67,6 +67,11 @@ class Precision:
     """The layer's output dtype: the exact sum is rounded once, to this."""
     mx_rule: str = "floor"
     """The scale rule of every MXFP8 point (see reference.mxfp4)."""
+    bias_after_rounding: bool = False
+    """Whether ``gemm1_output`` and ``expert_output`` round the GEMM's product alone, the bias
+    being added after, in float32 (FlashInfer's CUTLASS MoE adds the biases in its activation and
+    finalize kernels). A bias that cancels the product makes the rounded value larger than the
+    result, so the bound must know which one is rounded."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -425,16 +430,21 @@ def moe_routed(
         else:
             xe = x_in[tok]
         w13, b13, w2, b2 = _expert_range(weights, lo, hi)
+        late = precision.bias_after_rounding
         h = torch.bmm(xe, w13.transpose(1, 2))
-        if b13 is not None:
+        if b13 is not None and not late:
             h = h + b13.unsqueeze(1)
         h = round_to(h, precision.gemm1_output)
+        if b13 is not None and late:
+            h = h + b13.unsqueeze(1)
         a = gated_activation(h, activation, weights.w13_layout, alpha, beta, limit)
         a = round_to(a, precision.intermediate, precision.mx_rule)
         y = torch.bmm(a, w2.transpose(1, 2))
-        if b2 is not None:
+        if b2 is not None and not late:
             y = y + b2.unsqueeze(1)
         y = round_to(y, precision.expert_output)
+        if b2 is not None and late:
+            y = y + b2.unsqueeze(1)
         if not router_weight_on_input:
             y = y * we
         per_slot[torch.where(valid, slots, t * k).flatten()] = y.flatten(0, 1)
