@@ -167,6 +167,12 @@ class Backend:
     def load(self) -> None:
         """Import vendor packages; raise BackendUnavailable (or let ImportError out) if absent."""
 
+    def provenance(self) -> str | None:
+        """Where the kernel that runs was built, when that is not the vendor's own release (a
+        project-built subset of a JIT module, say); None otherwise. Every result of the backend
+        carries it among its findings, so a verdict is never read as the vendor build's."""
+        return None
+
     def target(self, case: Case) -> Target:
         """What ``case``'s weights convert to for this backend: declared layout, padded sizes,
         bias dtype, storage steps."""

@@ -887,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mxmoe.harness.distributed.cli import add_parsers as add_dist
     from mxmoe.harness.e2e.cli import add_parsers as add_e2e
     from mxmoe.harness.gpqa.cli import add_parsers as add_gpqa
+    from mxmoe.harness.jitbuild.cli import add_parsers as add_jitbuild
     from mxmoe.reports.cli import add_parsers as add_report
 
     add_e2e(sub)
@@ -894,6 +895,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dist(sub)
     add_diagnosis(sub)
     add_report(sub)
+    add_jitbuild(sub)
     return parser
 
 

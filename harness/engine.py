@@ -278,6 +278,8 @@ def guarded_call(
     Returns the first run's output, or None when the backend raised (``result`` is its ERROR).
     Raises only for the harness's own failures (making the oracle)."""
     d = backend.declaration
+    if (built := backend.provenance()) is not None:
+        result.findings.append(built)
     if bounded is None:
         bounded, tied = tie_aware_bound(inputs, d.arithmetic)
         if tied:

@@ -33,6 +33,7 @@ BUILTIN = (
     "mxmoe.kernels.flashinfer_trtllm_mxfp4_bf16:FlashInferTrtllmMxfp4Bf16",
     "mxmoe.kernels.flashinfer_trtllm_mxfp4_mxfp8:FlashInferTrtllmMxfp4Mxfp8",
     "mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16:FlashInferCutlassMxfp4Bf16",
+    "mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16:FlashInferCutlassMxfp4Bf16OldLayout",
     "mxmoe.kernels.flashinfer_cutlass_mxfp4_mxfp8:FlashInferCutlassMxfp4Mxfp8",
     "mxmoe.kernels.oai_triton:OaiTriton",
     "mxmoe.kernels.oai_triton:OaiTritonModular",

@@ -39,6 +39,8 @@ SM90_LAYOUTS: dict[str, tuple[Storage, ...]] = {
 each layout generation."""
 DEFAULT_SM90_GENERATION = "0.6.10"
 """Where FlashInfer is not installed: the layout of 0.6.14, the release vLLM 0.26 pins."""
+FULL_SM90_MODULE = "fused_moe_90"
+"""FlashInfer's SM90 CUTLASS MoE module, whose bf16 x MXFP4 part the project can build alone."""
 JIT_OPT_IN = "MXMOE_FLASHINFER_JIT"
 """Set to 1 to let a check compile FlashInfer's JIT modules on first use (the SM90 MoE module
 is ~182 CUTLASS translation units: 35-90 minutes at 16 cores)."""
@@ -99,29 +101,48 @@ def enums(fi: ModuleType) -> tuple[type, type]:
     raise BackendUnavailable(f"flashinfer {installed_version()} exposes no RoutingMethodType/ActivationType")
 
 
-def require_compiled(module_name: str, backend_id: str) -> None:
-    """Raise BackendUnavailable unless FlashInfer's JIT module ``module_name`` is prebuilt (the
-    flashinfer-jit-cache package or the AOT folder) or already compiled in the JIT cache, or the
-    user opted in to compiling it (``MXMOE_FLASHINFER_JIT=1``): a check must not silently spend
-    an hour in nvcc."""
-    if os.environ.get(JIT_OPT_IN) == "1":
-        return
+def compiled_by_flashinfer(module_name: str) -> bool:
+    """Whether FlashInfer's own JIT module ``module_name`` is prebuilt (the flashinfer-jit-cache
+    package or the AOT folder) or already compiled in FlashInfer's JIT cache."""
+    from flashinfer.jit import env as jit_env
+
+    for base in (getattr(jit_env, "FLASHINFER_AOT_DIR", None), getattr(jit_env, "FLASHINFER_JIT_DIR", None)):
+        if base is not None and (base / module_name / f"{module_name}.so").exists():
+            return True
+    return False
+
+
+def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | None:
+    """Make sure a call will not silently spend an hour in nvcc. In order: FlashInfer's own
+    module ``module_name`` prebuilt or compiled (None); for ``fused_moe_90``, the project's
+    bf16 x MXFP4 subset built for this FlashInfer (``harness.jitbuild.flashinfer_sm90``), which is
+    then installed in FlashInfer's place (its ``build.json`` record); the user's opt-in to
+    FlashInfer compiling the whole module (``MXMOE_FLASHINFER_JIT=1``, None). Otherwise
+    BackendUnavailable saying how to get one."""
     try:
-        from flashinfer.jit import env as jit_env
+        if compiled_by_flashinfer(module_name):
+            return None
     except ImportError as exc:
         raise BackendUnavailable(f"{backend_id}: flashinfer.jit did not import: {exc}") from exc
-    places = [
-        getattr(jit_env, "FLASHINFER_AOT_DIR", None),
-        getattr(jit_env, "FLASHINFER_JIT_DIR", None),
-    ]
-    for base in places:
-        if base is not None and (base / module_name / f"{module_name}.so").exists():
-            return
+    subset = module_name == FULL_SM90_MODULE
+    if subset:
+        from mxmoe.harness.jitbuild import flashinfer_sm90
+
+        record = flashinfer_sm90.install()
+        if record is not None:
+            return record
+    if os.environ.get(JIT_OPT_IN) == "1":
+        return None
+    build = (
+        "; or build the project's bf16 x MXFP4 subset of it on this GPU machine with "
+        "`python -m harness build-flashinfer` (about a tenth of the module)"
+        if subset
+        else ""
+    )
     raise BackendUnavailable(
-        f"{backend_id}: FlashInfer's JIT module {module_name} is neither prebuilt nor compiled here "
-        f"(looked in {', '.join(str(p) for p in places if p is not None)}); install flashinfer-jit-cache "
-        f"{installed_version()}, or set {JIT_OPT_IN}=1 to let the first call compile it "
-        "(the SM90 MoE module takes 35-90 minutes at 16 cores)"
+        f"{backend_id}: FlashInfer's JIT module {module_name} is neither prebuilt nor compiled here; install "
+        f"flashinfer-jit-cache {installed_version()}, or set {JIT_OPT_IN}=1 to let the first call compile it "
+        f"(the SM90 MoE module takes 35-90 minutes at 16 cores){build}"
     )
 
 
@@ -135,6 +156,8 @@ class FlashInferKernel(VendorKernel):
     jit_modules: ClassVar[dict[str, str]]
     """FlashInfer's JIT module holding the kernel, by declared architecture."""
     _fi: ClassVar[ModuleType | None] = None
+    _built: ClassVar[dict[str, object] | None] = None
+    """The ``build.json`` of the project-built module in use, if one is (``require_compiled``)."""
 
     def check_call(self) -> None:
         """The declared architecture, the fused_moe module, a compiled kernel."""
@@ -144,8 +167,18 @@ class FlashInferKernel(VendorKernel):
             import flashinfer.fused_moe as fused_moe
         except ImportError as exc:
             raise BackendUnavailable(f"{d.id}: flashinfer.fused_moe did not import: {exc}") from exc
-        require_compiled(self.jit_modules[host_arch()], d.id)
+        self._built = require_compiled(self.jit_modules[host_arch()], d.id)
         FlashInferKernel._fi = fused_moe
+
+    def provenance(self) -> str | None:
+        """Names the project-built subset where it runs in place of FlashInfer's module."""
+        b = self._built
+        if b is None:
+            return None
+        return (
+            f"kernel from the project's build of FlashInfer {b['flashinfer']}'s {b['module']} (the bf16 x MXFP4 "
+            f"subset of fused_moe_90, recipe {b['recipe']}, CUDA {b['cuda']}), not FlashInfer's own build"
+        )
 
     def cutlass_common(self, conv: Converted, inputs: CaseInputs, output: torch.Tensor) -> dict[str, object]:
         """The ``cutlass_fused_moe`` arguments both CUTLASS variants pass alike (vLLM's

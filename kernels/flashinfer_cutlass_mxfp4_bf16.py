@@ -11,11 +11,24 @@ layout of the INSTALLED FlashInfer (``kernels.flashinfer_common``): plain weight
 from 0.6.16. SwiGLU-OAI is ActivationType.Swiglu with per-expert float32 alpha, beta and limit;
 SiLU is the same member without them.
 
+Arithmetic, as TensorRT-LLM's CutlassMoeFCRunner does it on the SM90 mixed-input path (read in
+0.6.14's ``cutlass_fused_moe_kernels.cuh``; the H200 showed 1.0-1.7x over the bound on small
+shapes while only the intermediate was declared): GEMM1 writes its product in bf16, the
+activation kernel adds the bias in float32 and writes bf16; GEMM2 writes its product in bf16 and
+the finalize kernel adds the bias and combines with the float32 routing weights in float32
+(``bias_after_rounding``). The routing weight is applied on the output only (Llama4's on-input
+weight is not declared).
+
 Known upstream: FlashInfer issue #5438 reports that this kernel in 0.6.10-0.6.15 sporadically
 writes wrong tiles (a race on the TMA descriptor between experts), fixed by the 0.6.16 rewrite;
-the harness's determinism and bound checks are what would show it. Its JIT module (fused_moe_90)
-takes 35-90 minutes to compile: ``check_call`` refuses to start that unless asked
-(``MXMOE_FLASHINFER_JIT=1``) or prebuilt (flashinfer-jit-cache).
+the harness's determinism and bound checks are what show it: on the H200 with 0.6.14, 3-5 of the
+24 ``odd`` cases at T=128 (H=96, I=160, 6 experts) fail in each run, different ones each time,
+with 470-3900 elements differing between two runs and up to 452x over the bound.
+
+Its JIT module (fused_moe_90) takes 35-90 minutes to compile: ``check_call`` uses FlashInfer's
+own build where it is prebuilt or compiled, else the project's bf16 x MXFP4 subset of it
+(``python -m harness build-flashinfer``: 200 s on the H200), and compiles the whole module only
+when asked (``MXMOE_FLASHINFER_JIT=1``). Every result says which build ran (``provenance``).
 """
 
 from __future__ import annotations
@@ -53,7 +66,17 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
         hidden_align=128,
         intermediate_align=128,
         vllm_backend="FLASHINFER_CUTLASS_MXFP4_BF16",
-        arithmetic=Arithmetic(precision=Precision(intermediate="bf16", output=torch.bfloat16)),
+        router_weight_on_input=False,
+        arithmetic=Arithmetic(
+            precision=Precision(
+                gemm1_output="bf16",
+                intermediate="bf16",
+                expert_output="bf16",
+                routing_weights="fp32",
+                output=torch.bfloat16,
+                bias_after_rounding=True,
+            )
+        ),
     )
 
     def target(self, case: Case) -> Target:
@@ -62,6 +85,8 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
 
     def run(self, prepared: Converted, inputs: CaseInputs, out: torch.Tensor) -> None:
         """One ``cutlass_fused_moe`` call with the engine's routing."""
+        if inputs.case.tokens == 0:
+            return  # vLLM never calls the experts on an empty batch (FlashInfer asserts input_activations)
         t = prepared.tensors
         x = inputs.padded_x(prepared.target.hidden)
         output = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
@@ -74,3 +99,24 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
             **self.cutlass_common(prepared, inputs, output),
         )
         out.copy_(output[:, : out.shape[1]])
+
+
+class FlashInferCutlassMxfp4Bf16OldLayout(FlashInferCutlassMxfp4Bf16):
+    """The same kernel fed the layout FlashInfer read up to 0.6.9 (plain packed weights, scales
+    interleaved to [E, K/128, 4R]), whatever FlashInfer is installed: the weights vLLM's MXFP4
+    oracle prepared before it called FlashInfer's 0.6.10 weight interleave, the integration behind
+    the seeds' GPQA 0.0 on Hopper with no error raised (FlashInfer issue #3334, vLLM PR #46915).
+    An instrument: on FlashInfer 0.6.10+ it must FAIL, and how it fails (an error, or wrong
+    numbers with no error) is the finding."""
+
+    declaration = replace(
+        FlashInferCutlassMxfp4Bf16.declaration,
+        id="flashinfer-cutlass-mxfp4-bf16-old-layout",
+        description="FLASHINFER_CUTLASS_MXFP4_BF16 fed FlashInfer 0.6.9's layout (vLLM's before #46915)",
+        vllm_backend=None,
+        kind="instrument",
+    )
+
+    def target(self, case: Case) -> Target:
+        """The declared target with FlashInfer 0.6.9's SM90 layout."""
+        return replace(super().target(case), storage=SM90_LAYOUTS["0.6.9"])

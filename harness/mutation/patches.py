@@ -24,6 +24,25 @@ class Edit:
     new: str
 
 
+class PatchError(ValueError):
+    """An edit that does not apply to the vendor source at hand; the message names file and line."""
+
+
+def replace_line(text: str, edit: Edit, what: str) -> str:
+    """``text`` (the content of ``edit.file``) with ``edit.old`` replaced by ``edit.new``. The old
+    line must occur exactly once: a vendor release that moved or doubled it is a PatchError naming
+    ``what`` (the patch or build), the file and the line, never a silently unedited file."""
+    lines = text.split("\n")
+    hits = [i for i, line in enumerate(lines) if line == edit.old]
+    if len(hits) != 1:
+        raise PatchError(
+            f"{what}: the line {edit.old.strip()!r} occurs {len(hits)} times in {edit.file} "
+            "(exactly once expected: another vendor release?)"
+        )
+    lines[hits[0]] = edit.new
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Patch:
     """One bug planted in a vendor kernel."""

@@ -16,11 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mxmoe.harness.mutants import PEER_RULES, Row
-from mxmoe.harness.mutation.patches import AITER_PATCHES, TRITON_PATCHES, Patch
-
-
-class PatchError(ValueError):
-    """A patch that does not apply to the vendor source at hand; the message names file and line."""
+from mxmoe.harness.mutation.patches import AITER_PATCHES, TRITON_PATCHES, Patch, PatchError, replace_line
 
 
 @dataclass(frozen=True)
@@ -100,15 +96,7 @@ def apply(src: Path, dest_root: Path, package: str, patch: Patch | None) -> Path
         path = dest / edit.file
         if not path.is_file():
             raise PatchError(f"patch {patch.slug}: {edit.file} is not in {src}")
-        lines = path.read_text().split("\n")
-        hits = [i for i, line in enumerate(lines) if line == edit.old]
-        if len(hits) != 1:
-            raise PatchError(
-                f"patch {patch.slug}: the line {edit.old.strip()!r} occurs {len(hits)} times in {edit.file} of {src} "
-                "(exactly once expected: another vendor release?)"
-            )
-        lines[hits[0]] = edit.new
-        path.write_text("\n".join(lines))
+        path.write_text(replace_line(path.read_text(), edit, f"patch {patch.slug} ({src})"))
     return dest_root
 
 

@@ -231,11 +231,16 @@ def test_flashinfer_jit_compile_is_refused_unless_asked(monkeypatch, tmp_path):
 
     monkeypatch.setattr(jit_env, "FLASHINFER_AOT_DIR", tmp_path / "aot", raising=False)
     monkeypatch.setattr(jit_env, "FLASHINFER_JIT_DIR", tmp_path / "jit", raising=False)
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path / "cache"))  # no project-built subset either
     monkeypatch.delenv(fic.JIT_OPT_IN, raising=False)
     with pytest.raises(
-        BackendUnavailable, match="fused_moe_90 is neither prebuilt nor compiled.*MXMOE_FLASHINFER_JIT=1"
+        BackendUnavailable,
+        match="fused_moe_90 is neither prebuilt nor compiled.*MXMOE_FLASHINFER_JIT=1.*harness build-flashinfer",
     ):
         fic.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
+    with pytest.raises(BackendUnavailable, match="fused_moe_100 is neither") as refused:
+        fic.require_compiled("fused_moe_100", "flashinfer-cutlass-mxfp4-mxfp8")
+    assert "build-flashinfer" not in str(refused.value)  # the subset is the SM90 bf16 x MXFP4 one only
     (tmp_path / "jit" / "fused_moe_90").mkdir(parents=True)
     (tmp_path / "jit" / "fused_moe_90" / "fused_moe_90.so").write_bytes(b"")
     fic.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
