@@ -30,6 +30,11 @@ from mxmoe.harness.platforms import host_arch
 from mxmoe.kernels import storage
 from mxmoe.reference.moe import round_to
 
+NEWEST_FLASHINFER = "0.7.2"
+"""The newer FlashInfer whose layout helpers are cross-checked beside the installed one
+(``suites/kernels/test_flashinfer_layouts.py``, in a subprocess): ``./dev`` puts it, without its
+dependencies, in ``.cache/vendor/flashinfer-<version>``, never in the environment."""
+
 SM90_LAYOUTS: dict[str, tuple[Storage, ...]] = {
     "0.6.9": (storage.sm90_scale_interleave(),),
     "0.6.10": (storage.sm90_weight_interleave(), storage.sm90_scale_interleave()),
