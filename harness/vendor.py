@@ -27,6 +27,8 @@ from types import ModuleType
 
 DEFAULT_VLLM = "0.26.0"
 """The vLLM release whose vendored triton_kernels (v3.5.1, the API vLLM runs on triton 3.6) is fetched."""
+NEWEST_VLLM = "0.33.0"
+"""The newest vLLM release: ``python -m harness vllm-drift --vllm-version`` checks it beside DEFAULT_VLLM."""
 TRITON_KERNELS_IN_WHEEL = "vllm/third_party/triton_kernels/"
 
 

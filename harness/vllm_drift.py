@@ -15,10 +15,13 @@ loaded) are imported in a subprocess that pretends to be each architecture
 * ``activations``, ``routing_methods`` and ``w13_layout`` of each backend's kernel classes and
   weight conversion.
 
-Every difference is a ``Drift``. Differences that are understood are listed in ``KNOWN`` with
-the reason (mostly: the declarations follow vLLM main after PR #50622, newer than the release
-probed); ``python -m harness vllm-drift`` exits 1 on any other, and on a known one that no
-longer occurs (so the list cannot go stale).
+Every difference is a ``Drift``. Differences that are understood are listed, with the reason, per
+vLLM release in ``KNOWN_BY_VERSION`` (``KNOWN_V26`` for DEFAULT_VLLM, 0.26.0: mostly, the
+declarations follow vLLM main after PR #50622, which 0.26.0 predates; ``KNOWN_V33`` for NEWEST_VLLM,
+0.33.0, which has PR #50622 and newer behaviour; the two share the reasons of shared behaviour).
+``python -m harness vllm-drift [--vllm-version V]`` exits 1 on any other, and on a known one of
+that release that no longer occurs (so the lists cannot go stale). ``python -m harness fetch vllm
+--vllm-version V`` takes a release's sources and the probe's dependencies (``probe_deps``).
 """
 
 from __future__ import annotations
@@ -34,13 +37,29 @@ from pathlib import Path
 from mxmoe.harness.backend import Declaration
 from mxmoe.harness.padding import round_up
 from mxmoe.harness.selection import MOE_BACKENDS, Deployment, NoBackend, select_backend
-from mxmoe.harness.vendor import DEFAULT_VLLM, VendorMissing, cache_dir, download_vllm_wheel
+from mxmoe.harness.vendor import DEFAULT_VLLM, NEWEST_VLLM, VendorMissing, cache_dir, download_vllm_wheel
 from mxmoe.reference.routing import ROUTING_METHODS
 
 PROBE_ARCHS = ("sm80", "sm90", "sm100", "sm120", "gfx942", "gfx950", "cpu")
 PROBE_DEPS = ("psutil", "pyzmq", "cbor2", "transformers", "aiohttp", "openai-harmony", "openai", "einops")
-"""vLLM's pure-Python import dependencies of its MXFP4 oracle (not torch, not triton), installed
-into their own folder so that they never touch the environment under test."""
+"""vLLM's import dependencies of its MXFP4 oracle (not torch, not triton), installed into their own
+folder so that they never touch the environment under test: those of 0.26.0 (DEFAULT_VLLM)."""
+PROBE_DEPS_SINCE = {
+    # 0.33.0's oracle import path reaches the API server, the KV-transfer and structured-output
+    # modules at import (fused_moe -> _aiter_ops -> ... -> v1.request). Its grammar libraries
+    # (xgrammar, llguidance: native) are not installed: the probe stubs them (IMPORT_ONLY_STUBS).
+    NEWEST_VLLM: ("pybase64", "cachetools", "msgspec", "uvloop", "prometheus-client", "fastapi", "partial-json-parser"),
+}
+"""Dependencies a vLLM release's oracle added to PROBE_DEPS, by the first release that needs them."""
+
+
+def probe_deps(version: str = DEFAULT_VLLM) -> tuple[str, ...]:
+    """The packages ``fetch_vllm`` installs for VERSION's probe: PROBE_DEPS and those every release up to
+    VERSION added."""
+    added = [d for since, deps in PROBE_DEPS_SINCE.items() if _release(since) <= _release(version) for d in deps]
+    return PROBE_DEPS + tuple(dict.fromkeys(added))
+
+
 PROBE_ROUTING = "RenormalizeNaive"
 """The routing vLLM derives for GPT-OSS (softmax, renormalize), as the probe configures it."""
 QUANT_KEYS = {"none": None, "mxfp8": "mxfp8", "fp8": "fp8"}
@@ -59,39 +78,31 @@ class Drift:
     ours: str
     vllm: str
     known: str | None = None
+    vllm_version: str = DEFAULT_VLLM
+    """The release the facts came from (whose KNOWN explains it)."""
+
+
+Key = tuple[str, str, str]
+"""(kind, subject, arch) of a known difference; arch "*" stands for every architecture."""
+
+
+def _each(kind: str, subjects: tuple[str, ...], archs: tuple[str, ...], reason: str) -> dict[Key, str]:
+    """One KNOWN entry per (subject, arch): each must keep occurring, or it is reported stale."""
+    return {(kind, s, a): reason for s in subjects for a in archs}
 
 
 _PR50622 = "vLLM PR #50622 (AITER_TRITON_MXFP4_BF16, SPEC section 6) came after 0.26.0"
-_ROCM_256 = (
-    "0.26.0 rounds every remaining backend to 256/256 on ROCm; a declaration has one alignment (the CUDA "
-    "rule). Padding is zeros, so outputs agree; the padding audit understates ROCm's"
-)
 _CPU = (
-    "0.26.0 serves MXFP4 on a CPU with its own CPU backend (not declared here) and runs EMULATION on "
-    "CUDA/ROCm only; the project's emulation runs on CPUs by design"
+    "vLLM serves MXFP4 on a CPU with its own CPU backend (not declared here) and runs EMULATION on GPUs only "
+    "(TritonExperts._supports_current_device: CUDA, ROCm, XPU); the project's emulation runs on CPUs by design"
 )
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("backends", "AITER_TRITON_MXFP4_BF16", "*"): _PR50622,
-    ("gpt_oss_priority", "auto", "*"): _PR50622 + "; 0.26.0 also lists backends not declared here",
-    ("moe_backend_strings", "aiter", "*"): _PR50622 + "; 0.26.0's 'aiter' also tries AITER_MXFP4_MXFP4",
-    ("moe_backend_strings", "aiter_triton_mxfp4_bf16", "*"): _PR50622,
-    ("selection", "auto/none", "gfx942"): _PR50622 + ": without it 0.26.0 falls to TRITON on gfx942",
-    ("selection", "aiter/none", "gfx942"): _PR50622 + ": 0.26.0's 'aiter' has no W4A16 candidate on gfx942",
-    ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256; SPEC says 128",
-    ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256; SPEC says 128",
-    ("round_up", "TRITON", "gfx942"): _ROCM_256,
-    ("round_up", "TRITON", "gfx950"): _ROCM_256,
-    ("round_up", "TRITON_UNFUSED", "gfx942"): _ROCM_256,
-    ("round_up", "TRITON_UNFUSED", "gfx950"): _ROCM_256,
+_SHARED: dict[Key, str] = {
+    # Behaviour 0.26.0 and 0.33.0 share (each read in both releases' sources).
     ("w13_layout", "TRITON_UNFUSED", "*"): (
-        "0.26.0 keeps a GPT-OSS checkpoint's interleaved rows and its interleaved activation; SPEC and the "
-        "declaration take the standard chunked [gate; up] path (the same GEMMs)"
+        "vLLM keeps a GPT-OSS checkpoint's interleaved rows for TRITON_UNFUSED (only swizzled, as for TRITON) "
+        "and its interleaved activation; SPEC and the declaration take the standard chunked [gate; up] path "
+        "(the same GEMMs)"
     ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
-        "0.26.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) only, the modular one routes "
-        "outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
-    ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
     ("routing_methods", "TRITON", "*"): (
         "TRITON's preferred (monolithic) class routes inside triton_kernels, Renormalize(Naive) only: the "
         "`triton` backend; its modular class takes any top-k: the `triton-modular` backend, which declares all"
@@ -100,14 +111,125 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "vLLM routes outside CK (any method); the adapter routes with aiter's topk_softmax as vLLM does for "
         "softmax routing, so it declares the softmax methods only"
     ),
-    ("selection", "auto/none", "cpu"): _CPU,
-    ("selection", "auto/mxfp8", "cpu"): _CPU,
-    ("selection", "auto/fp8", "cpu"): _CPU,
-    ("selection", "emulation/none", "cpu"): _CPU,
-    ("selection", "emulation/mxfp8", "cpu"): _CPU,
-    ("selection", "emulation/fp8", "cpu"): _CPU,
+    **_each("selection", ("auto/none", "auto/mxfp8", "auto/fp8"), ("cpu",), _CPU),
+    **_each("selection", ("emulation/none", "emulation/mxfp8", "emulation/fp8"), ("cpu",), _CPU),
 }
-"""Understood differences from vLLM 0.26.0, the release ``python -m harness fetch vllm`` takes."""
+
+_ROCM_256_V26 = (
+    "0.26.0 rounds every remaining backend to 256/256 on ROCm; a declaration has one alignment (the CUDA "
+    "rule). Padding is zeros, so outputs agree; the padding audit understates ROCm's"
+)
+KNOWN_V26: dict[Key, str] = {
+    **_SHARED,
+    ("backends", "AITER_TRITON_MXFP4_BF16", "*"): _PR50622,
+    ("gpt_oss_priority", "auto", "*"): _PR50622 + "; 0.26.0 also lists backends not declared here",
+    ("moe_backend_strings", "aiter", "*"): _PR50622 + "; 0.26.0's 'aiter' also tries AITER_MXFP4_MXFP4",
+    ("moe_backend_strings", "aiter_triton_mxfp4_bf16", "*"): _PR50622,
+    ("selection", "auto/none", "gfx942"): _PR50622 + ": without it 0.26.0 falls to TRITON on gfx942",
+    ("selection", "aiter/none", "gfx942"): _PR50622 + ": 0.26.0's 'aiter' has no W4A16 candidate on gfx942",
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256; SPEC says 128",
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256; SPEC says 128",
+    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V26),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "0.26.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) only, the modular one routes "
+        "outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+}
+"""Understood differences from vLLM 0.26.0 (DEFAULT_VLLM): mostly, the declarations follow vLLM main
+after PR #50622 (AITER_TRITON_MXFP4_BF16), which 0.26.0 predates."""
+
+_ROCM_256_V33 = (
+    "0.33.0 rounds TRITON and TRITON_UNFUSED to 256/256 on ROCm (mxfp4_round_up_hidden_size_and_intermediate_size: "
+    "128 only for TRITON_UNFUSED with SiLU/SiTU before CDNA4, and gpt-oss's Mxfp4MoEMethod.maybe_roundup_sizes "
+    "passes no activation); a declaration has one alignment (the CUDA rule). Padding is zeros, so outputs agree; "
+    "the padding audit understates ROCm's"
+)
+_BF16_FALLBACK = (
+    "0.33.0's _filter_by_activation (fused_moe/oracle/mxfp4.py) puts the BF16-activation variants after those "
+    "matching the requested activation, so a --moe-backend family with no such variant runs W4A16 (with "
+    "_warn_on_bf16_fallback's warning); 0.26.0 kept matching variants only, and harness.selection, following "
+    "it, refuses: the selection model is out of date for 0.33.0"
+)
+_SM12X_TRITON = (
+    "0.33.0 runs the OAI Triton kernels on SM12x too (experts/gpt_oss_triton_kernels_moe.py, "
+    "_triton_kernel_moe_supports_current_device: (9, 0) <= cap < (13, 0); 0.26.0 stopped below 11.0); the "
+    "triton and triton-unfused declarations list sm90/sm100 only: out of date for 0.33.0"
+)
+KNOWN_V33: dict[Key, str] = {
+    **_SHARED,
+    ("gpt_oss_priority", "auto", "*"): (
+        "0.33.0's _get_priority_backends_for_gpt_oss moves TRITON after MARLIN and BATCHED_MARLIN on SM12x "
+        "(is_device_capability_family(120): small-tile Triton, MARLIN prefills faster); harness.selection has "
+        "one order for every arch (and no TRITON on sm120, see selection triton/none). Elsewhere the declared "
+        "backends are in vLLM's order; 0.33.0 also lists backends not declared here"
+    ),
+    ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
+        "0.33.0's AiterW4A16ExpertsMonolithic._supports_routing_method (experts/aiter_mxfp4_w4a16_moe.py) also "
+        "takes DeepSeekV3 (aiter routing with score_mode='sigmoid' and the correction bias, for MiMo-V2.6) and "
+        "DeepseekV4; the declaration and adapter follow PR #50622, Renormalize(Naive) only"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "0.33.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) and DeepSeekV3, the modular one "
+        "routes outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
+    **_each("selection", ("marlin/fp8", "marlin/mxfp8"), ("sm80", "sm90", "sm100", "sm120"), _BF16_FALLBACK),
+    **_each("selection", ("flashinfer_cutlass/fp8", "flashinfer_cutlass/mxfp8"), ("sm90",), _BF16_FALLBACK),
+    **_each("selection", ("flashinfer_trtllm/fp8",), ("sm100",), _BF16_FALLBACK),
+    **_each(
+        "selection",
+        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
+        ("sm90", "sm100", "gfx942", "gfx950"),
+        _BF16_FALLBACK,
+    ),
+    **_each("selection", ("aiter/fp8", "aiter/mxfp8"), ("gfx942",), _BF16_FALLBACK),
+    **_each("selection", ("aiter/mxfp8",), ("gfx950",), _BF16_FALLBACK),
+    **_each(
+        "selection",
+        ("aiter_triton_mxfp4_bf16/fp8", "aiter_triton_mxfp4_bf16/mxfp8"),
+        ("gfx942", "gfx950"),
+        _BF16_FALLBACK,
+    ),
+    **_each("selection", ("triton/none", "triton_unfused/none"), ("sm120",), _SM12X_TRITON),
+    **_each(
+        "selection",
+        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
+        ("sm120",),
+        _SM12X_TRITON + "; and " + _BF16_FALLBACK,
+    ),
+}
+"""Understood differences from vLLM 0.33.0 (NEWEST_VLLM). PR #50622 is in it (AITER_TRITON_MXFP4_BF16,
+the 'aiter_triton_mxfp4_bf16' string, its place in the gpt-oss priority and in 'aiter'), so none of
+0.26.0's PR #50622 entries applies; what is left is newer behaviour: BF16 fallback, SM12x Triton,
+routing methods, ROCm round-ups."""
+
+KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {DEFAULT_VLLM: KNOWN_V26, NEWEST_VLLM: KNOWN_V33}
+"""The understood differences of each vLLM release the drift check knows."""
+KNOWN = KNOWN_BY_VERSION[DEFAULT_VLLM]
+"""Those of DEFAULT_VLLM, the release ``python -m harness fetch vllm`` takes."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.33.0+cu130"`` -> (0, 33, 0); parts that are not numbers end it."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+def known_for(version: str = DEFAULT_VLLM) -> dict[Key, str]:
+    """KNOWN for VERSION: its own entries, or else those of the newest release listed before it
+    (a newer vLLM is checked against the last reasons, and their staleness shows what changed)."""
+    by_release = {_release(v): known for v, known in KNOWN_BY_VERSION.items()}
+    want = _release(version)
+    if want in by_release:
+        return by_release[want]
+    older = [r for r in by_release if r < want]
+    return by_release[max(older)] if older else by_release[min(by_release)]
 
 
 def vllm_root(version: str = DEFAULT_VLLM) -> Path:
@@ -122,25 +244,28 @@ def deps_root(version: str = DEFAULT_VLLM) -> Path:
 
 def fetch_vllm(version: str = DEFAULT_VLLM, wheel: Path | None = None) -> Path:
     """Extract vLLM's Python sources (no compiled extension) from its wheel into the cache and
-    install the probe's dependencies beside them; the sources' folder."""
+    install the probe's dependencies (``probe_deps(version)``) beside them; the sources' folder.
+    The sources are put in place last, so that a failed install leaves the release unfetched."""
+    import shutil
+
     wheel = wheel or download_vllm_wheel(version)
     root = vllm_root(version)
     tmp = root.with_name(root.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
     with zipfile.ZipFile(wheel) as z:
         names = [n for n in z.namelist() if n.startswith("vllm/") and not n.endswith((".so", "/"))]
         if "vllm/__init__.py" not in names:
             raise VendorMissing(f"{wheel} is not a vLLM wheel (no vllm/__init__.py)")
         z.extractall(tmp, names)
-    if root.exists():
-        import shutil
-
-        shutil.rmtree(root)
-    tmp.rename(root)
     deps = deps_root(version)
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(deps), "--upgrade", *PROBE_DEPS]
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(deps), "--upgrade", *probe_deps(version)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise VendorMissing(f"`{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    if root.exists():
+        shutil.rmtree(root)
+    tmp.rename(root)
     return root
 
 
@@ -149,7 +274,9 @@ def probe(arch: str, version: str = DEFAULT_VLLM, timeout: float = 300.0) -> dic
     platform and vLLM's imports never reach this process."""
     root, deps = vllm_root(version), deps_root(version)
     if not (root / "vllm" / "__init__.py").is_file():
-        raise VendorMissing(f"no vLLM {version} sources at {root}; run `python -m harness fetch vllm`")
+        raise VendorMissing(
+            f"no vLLM {version} sources at {root}; run `python -m harness fetch vllm --vllm-version {version}`"
+        )
     boot = (
         "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); sys.path.append(sys.argv.pop(1)); "
         "runpy.run_module('mxmoe.harness.vllm_probe', run_name='__main__', alter_sys=True)"
@@ -177,6 +304,7 @@ def _selection_ours(arch: str, moe_backend: str, quant: str | None, declarations
 def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
     """Every difference between one arch's vLLM facts and the declarations."""
     arch = facts["arch"]
+    version = str(facts.get("vllm_version") or DEFAULT_VLLM)
     ours = {d.vllm_backend: d for d in declarations if d.vllm_backend}
     members = set(facts.get("backends", []))
     out: list[Drift] = []
@@ -231,14 +359,15 @@ def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
             theirs_name = "error" if str(theirs).startswith("error") else str(theirs)
             if mine != theirs_name:
                 out.append(Drift("selection", f"{s}/{key}", arch, mine, theirs_name))
-    return out
+    return [Drift(**{**asdict(d), "vllm_version": version}) for d in out]
 
 
 def mark_known(drifts: list[Drift]) -> list[Drift]:
-    """``drifts`` with the reason of each known one filled in."""
+    """``drifts`` with the reason of each known one filled in, from the KNOWN of the release each came from."""
     marked = []
     for d in drifts:
-        reason = KNOWN.get((d.kind, d.subject, d.arch)) or KNOWN.get((d.kind, d.subject, "*"))
+        known = known_for(d.vllm_version)
+        reason = known.get((d.kind, d.subject, d.arch)) or known.get((d.kind, d.subject, "*"))
         marked.append(Drift(**{**asdict(d), "known": reason}))
     return marked
 
@@ -247,15 +376,20 @@ def unique(drifts: list[Drift]) -> list[Drift]:
     """One row per (kind, subject, arch, ours, vllm): arch-independent facts repeat per probe."""
     seen, out = set(), []
     for d in drifts:
-        key = (d.kind, d.subject, d.arch, d.ours, d.vllm)
+        key = (d.kind, d.subject, d.arch, d.ours, d.vllm, d.vllm_version)
         if key not in seen:
             seen.add(key)
             out.append(d)
     return out
 
 
-def stale_known(drifts: list[Drift]) -> list[tuple[str, str, str]]:
-    """Entries of KNOWN that no longer match any drift."""
-    hit = {(d.kind, d.subject, d.arch) for d in drifts} | {(d.kind, d.subject, "*") for d in drifts}
-    return [k for k in KNOWN if k not in hit]
-
+def stale_known(drifts: list[Drift], version: str | None = None) -> list[Key]:
+    """Entries of the release's KNOWN that no longer match any drift. The release is VERSION, else the
+    one the drifts came from (DEFAULT_VLLM when there are none: pass VERSION then)."""
+    versions = {version} if version else {d.vllm_version for d in drifts} or {DEFAULT_VLLM}
+    stale: list[Key] = []
+    for v in sorted(versions, key=_release):
+        mine = [d for d in drifts if d.vllm_version == v] if not version else drifts
+        hit = {(d.kind, d.subject, d.arch) for d in mine} | {(d.kind, d.subject, "*") for d in mine}
+        stale += [k for k in known_for(v) if k not in hit and k not in stale]
+    return stale

@@ -1,4 +1,4 @@
-"""Ask vLLM 0.26.0's own MXFP4 MoE oracle what it would do on an architecture this host does not have.
+"""Ask vLLM's own MXFP4 MoE oracle (0.26.0, 0.33.0) what it would do on an architecture this host does not have.
 
 Our declarations (backend lists, ``--moe-backend`` strings, padding, gate/up layouts, auto-selection)
 are copied from reading vLLM; this probe lets the harness check them against vLLM's code instead of
@@ -9,7 +9,11 @@ order the conversion hands to a vendor packer. It never runs a kernel.
 It is meant to run as a subprocess, one architecture per process (vLLM binds ``current_platform``
 and ROCm's GCN arch once per process, and the probe patches module globals)::
 
-    PYTHONPATH=<vllm-0.26.0 sources>:<pure-python deps> python -m mxmoe.harness.vllm_probe --arch sm100
+    PYTHONPATH=<vllm-<version> sources>:<pure-python deps> python -m mxmoe.harness.vllm_probe --arch sm100
+
+Packages vLLM imports on the oracle's way but never calls there (IMPORT_ONLY_STUBS: 0.33.0's
+structured-output grammar libraries) get a placeholder where they are not installed; the JSON's
+``stubbed_imports`` names them.
 
 It prints one JSON object, on one line (callers read the last line), on stdout; everything else
 (vLLM's logs, warnings) goes to stderr. Every section is computed on its own: a failure becomes an
@@ -23,7 +27,9 @@ import argparse
 import ast
 import contextlib
 import importlib
+import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -68,11 +74,11 @@ QUANT = "vllm.model_executor.layers.quantization"
 # Modules the w13 layout probe touches lazily inside vLLM's conversion. They are imported while
 # the real (Unspecified) platform is current, because some of them run CUDA-only probes at import
 # under a CUDA platform (w8a8_utils queries torch.ops._C, quantization.mxfp4 loads vllm_flash_attn).
-EXTRA_IMPORTS = (
+EXTRA_IMPORTS: tuple[str | tuple[str, ...], ...] = (
     f"{QUANT}.mxfp4",
     f"{QUANT}.utils.mxfp4_utils",
     f"{QUANT}.utils.marlin_utils_fp4",
-    f"{QUANT}.utils.humming_utils",
+    (f"{QUANT}.utils.humming_utils", f"{QUANT}.utils.humming"),  # 0.26.0, 0.33.0
     f"{EXPERTS}.cpu_moe",
     "vllm._aiter_ops",
     "vllm.utils.flashinfer",
@@ -80,6 +86,7 @@ EXTRA_IMPORTS = (
     "vllm.utils.deep_gemm",
     "vllm.config.kernel",
 )
+"""(A tuple is one module under the names it had in different releases: the first that exists is taken.)"""
 
 LAYOUT_E, LAYOUT_I, LAYOUT_H = 2, 32, 64
 """Probe checkpoint for the w13 layout: 2I = 64 rows (each row's bytes hold its own index, so
@@ -134,6 +141,74 @@ def _set_environment(arch: str) -> None:
     os.environ.setdefault("VLLM_BATCH_INVARIANT", "0")
 
 
+IMPORT_ONLY_STUBS = {
+    "xgrammar": (
+        "structured outputs' grammar library (native): vLLM 0.33.0 imports it at module level on the oracle's "
+        "import path (fused_moe -> _aiter_ops -> ... -> v1.request -> v1.structured_output -> "
+        "parser.abstract_parser); the oracle never calls it"
+    ),
+    "llguidance": (
+        "structured outputs' other grammar library (native): 0.33.0's v1/structured_output/backend_guidance.py "
+        "reads llguidance.LLMatcher in a dataclass annotation at import, on the same path"
+    ),
+}
+"""Packages vLLM imports on the oracle's way but never calls there: where one is not installed, its
+import gets a placeholder package (every attribute a placeholder class) instead of failing."""
+
+
+def _placeholder_module(name: str) -> types.ModuleType:
+    """A package whose every public attribute is a placeholder class (usable in annotations, ``X | None``,
+    base classes and calls), and whose submodules are placeholders too."""
+    mod = _stub_module(name)
+    mod.__path__ = []
+    made: dict[str, type] = {}
+
+    def __getattr__(attr: str) -> type:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if attr not in made:
+            made[attr] = type(attr, (), {"__module__": name, "__init__": lambda self, *a, **k: None})
+        return made[attr]
+
+    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    return mod
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on ``sys.meta_path``: imports of ROOTS (and their submodules) that no real finder found."""
+
+    def __init__(self, roots: frozenset[str]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] not in self.roots:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _placeholder_module(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def _stub_missing_imports() -> list[str]:
+    """Install placeholders for the IMPORT_ONLY_STUBS this host lacks; the names stubbed."""
+    missing = sorted(name for name in IMPORT_ONLY_STUBS if importlib.util.find_spec(name) is None)
+    if missing:
+        sys.meta_path.append(_PlaceholderFinder(frozenset(missing)))
+        _log(f"placeholders for {', '.join(missing)} (imported on the oracle's path, never called)")
+    return missing
+
+
+def _module_exists(name: str) -> bool:
+    """Whether NAME can be found (its parent packages are imported to look; a broken parent counts as no)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _import_oracle() -> types.ModuleType:
     """Import the oracle and every module it may reach, under the platform vLLM detected itself.
 
@@ -141,11 +216,16 @@ def _import_oracle() -> types.ModuleType:
     later, under a fake CUDA or ROCm platform, runs device-only code at import.
     """
     ox = importlib.import_module(ORACLE)
-    for name in EXTRA_IMPORTS:
+    for entry in EXTRA_IMPORTS:
+        names = (entry,) if isinstance(entry, str) else entry
+        present = [n for n in names if _module_exists(n)]
+        if not present:
+            _log(f"pre-import: none of {', '.join(names)} exists in this vLLM")
+            continue
         try:
-            importlib.import_module(name)
+            importlib.import_module(present[0])
         except Exception as exc:  # the section that needs it reports it
-            _log(f"pre-import {name}: {_error(exc)}")
+            _log(f"pre-import {present[0]}: {_error(exc)}")
     for backend in ox.Mxfp4MoeBackend:
         if backend is ox.Mxfp4MoeBackend.NONE:
             continue
@@ -241,12 +321,16 @@ def _pretend_vendors(arch: str) -> dict[str, int]:
     """Vendor libraries as a real install for ARCH could have them, not as this host has them.
 
     FlashInfer on sm90/sm100/sm120, AITER installed and enabled (VLLM_ROCM_USE_AITER=1) on
-    gfx942/gfx950, DeepGEMM nowhere, and triton_kernels wherever vLLM can run it (triton is a
-    dependency of every CUDA/ROCm vLLM install, but may be missing on this host).
+    gfx942/gfx950, DeepGEMM nowhere, triton_kernels wherever vLLM can run it (triton is a
+    dependency of every CUDA/ROCm vLLM install, but may be missing on this host), and AMD's Quark
+    (``amd-quark``, optional, not a vLLM dependency) everywhere: since 0.33.0 the EMULATION
+    backend refuses to run without it (``has_quark()`` in its ``is_supported_config``), and the
+    project's emulation backend stands for an install that can emulate.
     """
     counts = {
         "has_flashinfer": _rebind(lambda a: a.startswith("has_flashinfer"), arch in FLASHINFER_ARCHS),
         "deep_gemm": _rebind(lambda a: a in ("has_deep_gemm", "is_deep_gemm_supported"), False),
+        "has_quark": _rebind(lambda a: a == "has_quark", True),
     }
     if arch != "cpu":
         counts["has_triton_kernels"] = _rebind(lambda a: a == "has_triton_kernels", True)
@@ -518,6 +602,11 @@ def _layout_stubs(ox: types.ModuleType) -> tuple[list[tuple[Any, str, Any]], dic
         "aiter": _stub_module("aiter"),
         "aiter.utility": _stub_module("aiter.utility"),
         "aiter.utility.fp4_utils": _stub_module("aiter.utility.fp4_utils", e8m0_shuffle=_identity),
+        # 0.33.0: AITER_TRITON_MXFP4_MXFP4's scale pre-shuffle for moe_gemm_a4w4.
+        "aiter.ops": _stub_module("aiter.ops"),
+        "aiter.ops.triton": _stub_module("aiter.ops.triton"),
+        "aiter.ops.triton.utils": _stub_module("aiter.ops.triton.utils"),
+        "aiter.ops.triton.utils.shuffle": _stub_module("aiter.ops.triton.utils.shuffle", shuffle_scale_moe=_identity),
     }
     try:
         importlib.import_module("triton_kernels.matmul_ogs")
@@ -544,6 +633,9 @@ def _layout_stubs(ox: types.ModuleType) -> tuple[list[tuple[Any, str, Any]], dic
         (marlin, "marlin_permute_bias", _identity),
         (cpu_moe, "prepare_mxfp4_moe_layer_for_cpu", lambda w13, w2, s13, s2: (w13, w2, s13, s2)),
     ]
+    for obj, name, _ in patches:  # a renamed packer would run for real: its backend's layout then says why
+        if not hasattr(obj, name):
+            _log(f"w13 layout: {getattr(obj, '__name__', type(obj).__name__)}.{name} is not in this vLLM")
     return patches, modules
 
 
@@ -567,6 +659,10 @@ def _layout_layer() -> Any:
     layer.w13_input_scale = param(torch.ones(e, dtype=torch.float32))
     layer.w2_input_scale = param(torch.ones(e, dtype=torch.float32))
     layer.params_dtype = torch.bfloat16
+    # What vLLM's RoutedExperts carries for gpt-oss; 0.33.0's conversion reads it (AITER_TRITON_MXFP4_MXFP4).
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    layer.activation = MoEActivation.SWIGLUOAI
     return layer
 
 
@@ -688,6 +784,7 @@ def probe(arch: str) -> dict[str, Any]:
         _log(f"{key}: {time.monotonic() - t:.2f}s")
         return result[key]
 
+    stubbed = _stub_missing_imports()
     section("vllm_version", _vllm_version)
     ox: types.ModuleType | None = None
     setup_error: str | None = None
@@ -725,6 +822,7 @@ def probe(arch: str) -> dict[str, Any]:
     section("supports", lambda: _supports(oracle()))
     section("routing_method_names", lambda: _routing_method_names(oracle()))
     section("w13_layout", lambda: _w13_layout(oracle()))
+    result["stubbed_imports"] = [name for name in stubbed if name in sys.modules]  # those vLLM did import
     _log(f"{arch} done in {time.monotonic() - t0:.1f}s")
     return result
 
