@@ -10,6 +10,7 @@ from mxmoe.harness.backend import Arithmetic, Backend, Declaration
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import ARCHS
 from mxmoe.kernels.emulation import TorchMoE
+from mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16 import FlashInferCutlassMxfp4Bf16
 from mxmoe.reference.moe import Precision
 
 _FUSED = Precision(intermediate="bf16", output=torch.bfloat16)
@@ -60,19 +61,13 @@ class HonestBf16Gemm(TorchMoE):
 class HonestBiasAfter(TorchMoE):
     """fp32 GEMMs whose products are stored in bf16 before the bias is added in float32 (GEMM1's
     in the activation, GEMM2's in the combine), float32 routing weights, rows chunked [up; gate]:
-    the arithmetic of FlashInfer's CUTLASS MoE (``Precision.bias_after_rounding``)."""
+    the arithmetic declared for FlashInfer's CUTLASS MoE (``Precision.bias_after_rounding``), taken
+    from that declaration."""
 
     declaration = _declare(
         "honest-bias-after",
         "fp32 GEMMs, bf16 products with the biases added after, bf16 intermediate and output",
-        Precision(
-            gemm1_output="bf16",
-            intermediate="bf16",
-            expert_output="bf16",
-            routing_weights="fp32",
-            output=torch.bfloat16,
-            bias_after_rounding=True,
-        ),
+        FlashInferCutlassMxfp4Bf16.declaration.arithmetic.precision,
         "chunked_up_gate",
     )
 
