@@ -319,8 +319,27 @@ def guarded_call(
             f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
         )
     if diagnose and result.outcome == "FAIL" and not mutated:
-        result.diagnosis = _diagnosis(inputs, got, d.arithmetic)
+        result.diagnosis = _diagnose_failing_run(inputs, runs, bounded, result, d.arithmetic)
     return got
+
+
+def _diagnose_failing_run(
+    inputs: CaseInputs, runs: list[torch.Tensor], bounded: Bounded, result: Result, arithmetic: object
+) -> str:
+    """The diagnosis of the run that is numerically wrong: the first where it is; the second where
+    only it is (a kernel whose two runs differ, one of them wrong); none where both are within the
+    bound (then every catalogue fault would 'explain' an output that needs no explaining)."""
+    m = result.metrics
+    if m.over_bound or m.nonfinite or m.unwritten or m.systematic_fired:
+        return _diagnosis(inputs, runs[0], arithmetic)
+    if m.nondeterministic:
+        second = compare(runs[1], bounded.ref, bounded.bound, still_poisoned(runs[1]))
+        if second.over_bound or second.nonfinite or second.unwritten:
+            return (f"of the second run (the first is within the bound, worst {m.worst_ratio:.3g}x; the second's "
+                    f"worst is {second.worst_ratio:.3g}x): " + _diagnosis(inputs, runs[1], arithmetic))  # fmt: skip
+        return (f"none needed: both runs are within the bound (worst {m.worst_ratio:.3g}x and "
+                f"{second.worst_ratio:.3g}x); they differ in {m.nondeterministic} elements")  # fmt: skip
+    return f"none needed: the output is within the bound (worst {m.worst_ratio:.3g}x)"
 
 
 def _systematic(inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result) -> None:

@@ -61,6 +61,19 @@ class Flaky(Emulation):
             out.view(torch.int16)[0, 0] += 1
 
 
+class WrongSecondRun(Emulation):
+    """The second call writes garbage into one row (a race that sometimes loses)."""
+
+    declaration = _declare("wrong-second-run")
+    calls = 0
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        self.calls += 1
+        if self.calls % 2 == 0:
+            out[0] *= 64
+
+
 class FlakyDeclared(Flaky):
     declaration = _declare("flaky-declared", deterministic=False)
 
@@ -117,6 +130,14 @@ def test_nondeterminism_fails_a_backend_declared_deterministic():
     assert result.outcome == "FAIL"
     assert result.metrics.nondeterministic == 1
     assert "differ between two runs" in result.reason and "(declared deterministic)" in result.reason
+
+
+def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong():
+    result, _ = run_case(Flaky(), CASE, "cpu", diagnose=True)
+    assert result.diagnosis.startswith("none needed: both runs are within the bound"), result.diagnosis
+    result, _ = run_case(WrongSecondRun(), CASE, "cpu", diagnose=True)
+    assert result.outcome == "FAIL" and result.metrics.over_bound == 0
+    assert result.diagnosis.startswith("of the second run (the first is within the bound"), result.diagnosis
 
 
 def test_declared_nondeterminism_passes_with_a_finding():
