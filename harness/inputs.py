@@ -4,6 +4,7 @@ bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -242,9 +243,29 @@ def _logits(case: Case, gen: torch.Generator, rows: int, device: str | torch.dev
     return logits.to(torch.bfloat16).to(torch.float32)
 
 
-def make_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
-    """The inputs of ``case`` on ``device``: a pure function of the case's id (the layer's weights of
-    its layer key, so every shard slices one layer)."""
+def make_inputs(case: Case, device: str | torch.device = "cpu", draw_on: str | None = None) -> CaseInputs:
+    """The inputs of ``case`` on ``device``: a pure function of the case's id and of the device the
+    draw is made on (the layer's weights of its layer key, so every shard slices one layer). A CUDA
+    generator draws other numbers from the same seed than the CPU's; ``draw_on="cpu"`` draws on the
+    CPU and moves the tensors, giving the same bytes on every host (for a check of one particular
+    draw), at the CPU's speed (about 17 s for gpt-oss-120b's layer on 2 cores, against well under
+    a second on a GPU, which is why it is not the default)."""
+    inputs = _draw(case, draw_on or device)
+    if draw_on is None or torch.device(device) == torch.device(draw_on):
+        return inputs
+    w = inputs.weights
+    moved = dataclasses.replace(w, **{f.name: getattr(w, f.name).to(device) for f in dataclasses.fields(w)
+                                      if isinstance(getattr(w, f.name), torch.Tensor)})  # fmt: skip
+
+    def to(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device)
+
+    return CaseInputs(case, to(inputs.x), to(inputs.router_logits), moved, to(inputs.expert_map),
+                      to(inputs.correction_bias))  # fmt: skip
+
+
+def _draw(case: Case, device: str | torch.device) -> CaseInputs:
+    """``make_inputs``'s draw, on ``device``."""
     weights = _shard(case, _layer_weights(case, device))
     gen = generator_for(case.tokens_key, device)
     x = torch.randn(case.tokens, case.hidden, generator=gen, device=device)

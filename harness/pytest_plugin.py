@@ -11,8 +11,8 @@ Loaded by ``suites/conftest.py`` (``pytest_plugins = ["mxmoe.harness.pytest_plug
 * ``--results DIR``: record every verdict there (``harness.results``), and a reproducer for every
   FAIL and ERROR; without it nothing is written.
 
-Under pytest-xdist, ``-n auto`` starts one worker per visible GPU (CUDA or ROCm; the CPU count on a
-host without one) and worker ``gwN`` is pinned to GPU N modulo their number. A worker killed by a
+Under pytest-xdist, ``-n auto`` starts one worker per CPU core (at least one per visible GPU, CUDA
+or ROCm) and worker ``gwN`` is pinned to GPU N modulo their number. A worker killed by a
 kernel fault (a segfault, an illegal memory access that ends the process) is replaced by xdist;
 the test it was running is recorded here as that case's ERROR (with ``--results``), and every
 other worker's results stay in their own files.
@@ -160,10 +160,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: one worker per visible GPU (None: xdist's own choice, the CPU count)."""
+    """``-n auto``: one worker per CPU core, and never fewer than the visible GPUs (each worker is
+    pinned to GPU N modulo their number, so every GPU is used and the many CPU-bound tests of the
+    suite are not run one at a time on a one-GPU host)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return max(gpus, os.cpu_count() or 1)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -202,6 +205,23 @@ def _differentials(config: pytest.Config) -> list[Differential]:
         for arch in item.backend.declaration.archs
         for case in cases
     ]
+
+
+@pytest.fixture(scope="session")
+def host_arch() -> str:
+    """This host's architecture token (``sm90``, ``gfx942``, ``cpu``): tests of the engine run on
+    the hardware they find, never on a hard-coded one, so the suite means the same on every host."""
+    from mxmoe.harness.platforms import host_arch as _host_arch
+
+    return _host_arch()
+
+
+@pytest.fixture(scope="session")
+def host_device(host_arch: str) -> str:
+    """The torch device of ``host_arch`` (``cuda`` on a GPU, ROCm's too; ``cpu`` without one)."""
+    from mxmoe.harness.platforms import device_for
+
+    return device_for(host_arch)
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,7 @@ class PortableTriton(Backend):
     declaration = Declaration(
         id="portable-triton",
         archs=_TRITON_ARCHS,
+        production=False,  # the project's own kernel: no inference engine ships it
         description="the project's fused MXFP4 MoE in Triton: in-kernel dequant, fused activation, no atomics",
         w13_layout="interleaved",
         bias_dtype="fp32",
@@ -105,6 +106,21 @@ class PortableTriton(Backend):
                 )
         return reason
 
+    @staticmethod
+    def interpreter_unsupported() -> str | None:
+        """Why the installed triton's interpreter cannot run these kernels (its ``dot_scaled`` needs
+        triton 3.8 or newer there), or None. Compiled on a GPU, any triton of the declared archs does."""
+        from importlib import metadata
+
+        try:
+            version = metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            return None  # no triton at all: load says so
+        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+        if (major, minor) < (3, 8):
+            return f"Triton's interpreter runs these kernels from triton 3.8 (dot_scaled); this triton is {version}"
+        return None
+
     def load(self) -> None:
         """Import the kernels: compiled where there is a GPU, interpreted (TRITON_INTERPRET=1,
         set here before Triton reads it) on a host without one."""
@@ -120,6 +136,8 @@ class PortableTriton(Backend):
                 f"{self.declaration.id}: this host has no GPU and triton was imported before TRITON_INTERPRET=1 "
                 "was set; set it in the environment (the harness's CLI and pytest plugin set it at start)"
             )
+        if type(tl.zeros).__name__ == "InterpretedFunction" and (why := self.interpreter_unsupported()):
+            raise BackendUnavailable(f"{self.declaration.id}: {why}")
         from mxmoe.kernels import portable_triton_kernels
 
         PortableTriton._kernels = portable_triton_kernels
@@ -203,6 +221,7 @@ class PortableTritonChunked(PortableTriton):
     declaration = Declaration(
         id="portable-triton-chunked",
         archs=_TRITON_ARCHS,
+        production=False,
         description="portable-triton with w13 rows chunked [gate; up]",
         w13_layout="chunked_gate_up",
         bias_dtype="fp32",

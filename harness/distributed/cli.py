@@ -23,7 +23,7 @@ def _cmd_dist_check(args: argparse.Namespace) -> int:
         plans = [Plan(make_case(args.model, t), mode, world, args.fault) for t in args.tokens]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    arch = host_arch()
+    arch = args.arch or host_arch()
     recorder = Recorder(args.results)
     print(f"{_host_line('cpu' if arch == 'cpu' else 'cuda')} | arch {arch}")
     fault = f", fault {args.fault}" if args.fault else ""
@@ -66,6 +66,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``dist-check`` and ``matrix`` to ``python -m harness``."""
     from mxmoe.harness.cli import _backend_file, _int_list, _positive
     from mxmoe.harness.distributed.shard import FAULTS
+    from mxmoe.harness.platforms import host_arch
 
     p = sub.add_parser("dist-check", help="a layer sharded over ranks (TP or EP, torch.distributed) vs the oracle")
     how = p.add_mutually_exclusive_group(required=True)
@@ -78,6 +79,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=_int_list, default=[9], metavar="T,T,...", help="token counts (default 9)")
     p.add_argument("--fault", choices=tuple(FAULTS), help="plant a sharding fault (the check must FAIL)")
     p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
+    p.add_argument("--arch", choices=("cpu", host_arch()) if host_arch() != "cpu" else ("cpu",), default=None,
+                   help="where the ranks run: this host's GPUs (NCCL; the default) or cpu (gloo, on any host)")
     p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS",
                    help="per check, on top of the ranks' start (default 600)")  # fmt: skip
     p.set_defaults(fn=_cmd_dist_check, parser=p)

@@ -2,7 +2,8 @@
 limit, and a verdict that survives any rank's death.
 
 The parent decides what needs no process (the backend does not apply to the ranks' shards, the
-host is another architecture or has too few GPUs, the backend does not load: SKIP, with the
+host is another architecture or has too few GPUs (arch ``cpu``, gloo ranks on the CPU, runs on any
+host), the backend does not load: SKIP, with the
 reason) and is the only writer of results, as in ``sweep``: a rank killed by a kernel fault, or a
 check that outlives its time, is that check's ERROR, with the exit codes, and the next check runs.
 """
@@ -37,7 +38,7 @@ def dist_test_id(backend_id: str, arch: str, plan: Plan) -> str:
 def _skip_reason(loaded: Loaded, plan: Plan, arch: str) -> str | None:
     backend = loaded.backend
     d = backend.declaration
-    if arch != host_arch():
+    if arch != host_arch() and arch != "cpu":  # every host has CPUs: gloo ranks run on any
         return f"needs {arch} hardware; this host is {host_arch()}"
     if arch != "cpu":
         have = torch.cuda.device_count()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mxmoe.harness.cases import MODELS, Case, make_case, tp_shard
 from mxmoe.harness.inputs import CaseInputs, make_inputs
+from mxmoe.harness.platforms import device_for, host_arch
 from mxmoe.harness.zoo import SMALL_MODELS
 
 TOKENS = st.one_of(
@@ -75,8 +76,13 @@ def cases(
     return draw(shards(case)) if sharded else case
 
 
-@functools.lru_cache(maxsize=8)
 def cached_inputs(case: Case) -> CaseInputs:
-    """``make_inputs(case)`` once per process (a pure function of the id). Callers must not modify
-    the tensors; the engine's checksums would catch a backend that does."""
-    return make_inputs(case)
+    """``make_inputs(case)`` on this host's device (the one its arch runs on), once per process (a
+    pure function of the id). Callers must not modify the tensors; the engine's checksums would
+    catch a backend that does."""
+    return _cached_inputs(case, device_for(host_arch()))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_inputs(case: Case, device: str) -> CaseInputs:
+    return make_inputs(case, device)

@@ -21,6 +21,7 @@ from mxmoe.harness.bounds import reference_and_bound
 from mxmoe.harness.engine import compare, run_case
 from mxmoe.harness.honest import HONEST, HonestFp32
 from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.platforms import ARCHS
 from mxmoe.harness.zoo import SMALL_MODELS, profile_cases
 from mxmoe.kernels.emulation import Emulation, Prepared
 from mxmoe.reference.moe import Precision
@@ -39,12 +40,12 @@ PRODUCTION = [c for c in PR if c.model not in SMALL_MODELS]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.declaration.id for v in VARIANTS])
-def test_honest_variant_never_fails_and_the_bound_is_tight(variant):
+def test_honest_variant_never_fails_and_the_bound_is_tight(variant, host_arch):
     """(a) and (b) over the pr profile's CI-size cases. Tightness is asserted per variant (stronger
     than over all of them): each variant gets within 4x of the bound somewhere."""
     ratios = {}
     for c in SMALL:
-        result, _ = run_case(variant(), c, "cpu", inputs=cached_inputs(c))
+        result, _ = run_case(variant(), c, host_arch, inputs=cached_inputs(c))
         assert result.outcome == "PASS", f"{result.test_id}: {result.outcome} {result.reason}"
         ratios[c.id] = result.metrics.worst_ratio
     case_id = max(ratios, key=ratios.get)
@@ -56,10 +57,10 @@ def test_honest_variant_never_fails_and_the_bound_is_tight(variant):
     "variant, case",
     [pytest.param(v, c, id=f"{v.declaration.id}-{c.id}") for v in VARIANTS for c in PRODUCTION],
 )
-def test_honest_variant_never_fails_at_production_shape(variant, case, profile):
+def test_honest_variant_never_fails_at_production_shape(variant, case, profile, host_arch):
     if case.id == HEAVY and variant is not HonestFp32 and profile == "pr":
         pytest.skip(f"{HEAVY} converts 32 full experts (~20 s on a CPU): honest-fp32 only, all under --profile nightly")
-    result, _ = run_case(variant(), case, "cpu", inputs=cached_inputs(case))
+    result, _ = run_case(variant(), case, host_arch, inputs=cached_inputs(case))
     assert result.outcome == "PASS", f"{result.test_id}: {result.outcome} {result.reason}"
     print(f"worst error/bound {result.test_id}: {result.metrics.worst_ratio:.3f}")
 
@@ -119,11 +120,11 @@ _DETECT = [c for c in PR if c.tokens > 0 and c.inputs == "normal"]
         for c in _DETECT
     ],
 )
-def test_one_scale_byte_off_by_one_fails(case, delta, profile):
+def test_one_scale_byte_off_by_one_fails(case, delta, profile, host_arch):
     inputs = cached_inputs(case)
     e = int(_expert_weight(inputs).argmax())
     row, blk = _largest_block(inputs, e)
-    result, _ = run_case(ScaleByteOff(e, row, blk, delta), case, "cpu", inputs=inputs)
+    result, _ = run_case(ScaleByteOff(e, row, blk, delta), case, host_arch, inputs=inputs)
     assert result.outcome == "FAIL", f"{case.id} expert {e} w2[{row}, block {blk}] {delta:+d}: {result.reason}"
 
 
@@ -165,7 +166,7 @@ def test_scale_byte_catch_rate_over_every_expert(profile):
             row, blk = _largest_block(inputs, e)
             for delta in (1, -1):
                 b = ScaleByteOff(e, row, blk, delta)
-                out = torch.full((c.tokens, c.hidden), float("nan"), dtype=torch.bfloat16)
+                out = torch.full((c.tokens, c.hidden), float("nan"), dtype=torch.bfloat16, device=inputs.x.device)
                 b.run(b.convert(inputs), inputs, out)
                 m = compare(out, bounded.ref, bounded.bound, torch.isnan(out))
                 if m.over_bound or m.nonfinite:
@@ -186,7 +187,7 @@ class Oracle(Backend):
 
     declaration = Declaration(
         id="oracle-bf16",
-        archs=("cpu",),
+        archs=ARCHS,
         description="the exact layer rounded once to bf16",
         arithmetic=Arithmetic(precision=Precision(output=torch.bfloat16), accumulate="fp64"),
         kind="instrument",
@@ -209,19 +210,19 @@ class OracleFp32(Oracle):
 
 
 @pytest.mark.parametrize("backend", [Oracle, OracleFp32], ids=["bf16", "fp32"])
-def test_oracle_as_a_backend_is_within_the_bound(backend):
+def test_oracle_as_a_backend_is_within_the_bound(backend, host_arch):
     worst = 0.0
     for c in SMALL:
-        result, _ = run_case(backend(), c, "cpu", inputs=cached_inputs(c))
+        result, _ = run_case(backend(), c, host_arch, inputs=cached_inputs(c))
         assert result.outcome == "PASS", f"{result.test_id}: {result.reason}"
         worst = max(worst, result.metrics.worst_ratio)
     print(f"{backend.declaration.id}: worst error/bound {worst:.3f}")
 
 
 @pytest.mark.parametrize("case", PRODUCTION, ids=[c.id for c in PRODUCTION])
-def test_oracle_as_a_backend_is_within_the_bound_at_production_shape(case):
+def test_oracle_as_a_backend_is_within_the_bound_at_production_shape(case, host_arch):
     for backend in (Oracle, OracleFp32):
-        result, _ = run_case(backend(), case, "cpu", inputs=cached_inputs(case))
+        result, _ = run_case(backend(), case, host_arch, inputs=cached_inputs(case))
         assert result.outcome == "PASS", f"{result.test_id}: {result.reason}"
 
 
@@ -244,6 +245,6 @@ class Bf16WeightsFp32Out(HonestFp32):
     [pytest.param(c, id=c.id) for c in PR if c.id in ("tiny-interleaved-t7", "tiny-interleaved-default-t8")]
     + [pytest.param(c, id=c.id) for c in PR if c.routing == "Llama4"],  # once a bound hole: fixed
 )
-def test_declared_routing_weight_rounding_is_in_the_bound(case):
-    result, _ = run_case(Bf16WeightsFp32Out(), case, "cpu", inputs=cached_inputs(case))
+def test_declared_routing_weight_rounding_is_in_the_bound(case, host_arch):
+    result, _ = run_case(Bf16WeightsFp32Out(), case, host_arch, inputs=cached_inputs(case))
     assert result.outcome == "PASS", f"{result.test_id}: {result.reason}"

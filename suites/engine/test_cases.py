@@ -200,14 +200,14 @@ def test_drawn_cases_route_without_ties(case):
 @example(make_case("odd", 0))
 @example(make_case("tpsmall", 65, tp=8, tp_rank=6, skew="hot"))
 @example(make_case("small", 1, ep=8, ep_rank=7, skew="sparse", inputs="wide"))
-def test_honest_variants_never_fail_on_drawn_cases(case):
+def test_honest_variants_never_fail_on_drawn_cases(host_arch, case):
     inputs = cached_inputs(case)
     for cls in (HonestFp32, HonestMxfp8):  # the typical fused kernel, and the tightest (pr: all in test_bounds)
-        result, _ = run_case(cls(), case, "cpu", inputs=inputs)
+        result, _ = run_case(cls(), case, host_arch, inputs=inputs)
         assert result.outcome == "PASS", f"{result.test_id}: {result.outcome} {result.reason}"
 
 
 @given(cases(tokens=st.just(0)))
-def test_zero_tokens_pass_with_an_empty_output(case):
-    result, _ = run_case(HonestFp32(), case, "cpu")
+def test_zero_tokens_pass_with_an_empty_output(host_arch, case):
+    result, _ = run_case(HonestFp32(), case, host_arch)
     assert result.outcome == "PASS" and result.metrics.elements == 0

@@ -56,7 +56,7 @@ def test_xdist_loses_no_result_when_a_worker_is_killed_mid_run(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs (CUDA or ROCm) on this host")
 @pytest.mark.parametrize("runner", ["xdist", "check"])
 def test_each_worker_runs_on_its_own_gpu(runner, tmp_path):
-    """-n auto (one xdist worker per GPU) and check --workers N: every GPU is used, each worker
+    """-n auto (xdist workers pinned to GPUs round-robin) and check --workers N: every GPU is used, each worker
     process stays on one GPU."""
     from mxmoe.harness.platforms import host_arch
 

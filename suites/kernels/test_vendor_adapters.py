@@ -1,4 +1,4 @@
-"""The vendor adapters on a host without their hardware: lazy imports, SKIP reasons, the fetch
+"""The vendor adapters: run and passing where this host can run them, SKIP reasons elsewhere; lazy imports, the fetch
 of OpenAI triton_kernels out of a vLLM wheel, the pure-torch parts of the triton_kernels and
 FlashInfer adapters (bit matrix, the SM90 layouts of each FlashInfer generation, enum members by
 name), and the vLLM layer driver's mapping. What needs a GPU ran on the H200 (issue 6 note)."""
@@ -52,14 +52,26 @@ def test_importing_every_backend_imports_no_vendor_package():
 
 
 @pytest.mark.parametrize("backend", VENDOR, ids=lambda b: b.declaration.id)
-def test_vendor_backends_skip_here_with_the_reason(backend):
-    """On this CPU host every vendor backend's run is a SKIP: on ``cpu`` because it is not
-    declared there (or its package is missing), on its own arch because the hardware is not here."""
+def test_vendor_backends_run_where_they_can_and_skip_with_the_reason_elsewhere(backend, host_arch):
+    """Each vendor backend on each arch it declares: on an arch this host lacks, a SKIP naming the
+    hardware; on this host's arch, either it loads and then must run and PASS, or it cannot load
+    and the SKIP names the backend and why (its package or build is missing). Never a SKIP where
+    the kernel could have run."""
     d = backend.declaration
     case = make_case("gptoss20b", 1)
-    result, _ = run_case(backend, case, d.archs[0])
-    assert result.outcome == "SKIP"
-    assert d.archs[0] in result.reason and "this host is cpu" in result.reason or d.id in result.reason
+    for arch in d.archs:
+        result, _ = run_case(backend, case, arch)
+        declined = backend.supports(case, arch)
+        if declined:
+            assert (result.outcome, result.reason) == ("SKIP", declined)
+        elif arch != host_arch:
+            assert (result.outcome, result.reason) == ("SKIP", f"needs {arch} hardware; this host is {host_arch}")
+        elif result.outcome == "SKIP":
+            assert result.reason.startswith(f"{d.id} cannot run here: "), result.reason
+            with pytest.raises((ImportError, BackendUnavailable)):
+                backend.load()
+        else:
+            assert result.outcome == "PASS", f"{result.test_id}: {result.outcome} {result.reason}\n{result.traceback}"
     if "cpu" not in d.archs:
         result, _ = run_case(backend, case, "cpu")
         assert result.outcome == "SKIP" and "does not run on cpu" in result.reason
