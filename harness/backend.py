@@ -10,6 +10,8 @@ once per case) is separate from ``run`` (the call that is compared, made twice).
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -96,6 +98,10 @@ class Declaration:
     deterministic: bool = True
     """Whether two runs on the same inputs must agree bit for bit (False for atomics)."""
     kind: str = "backend"
+    production: bool = True
+    """A production kernel (what an inference engine ships). False for the harness's own backends of
+    kind ``backend`` (emulation, portable Triton): judged like any other, but a sign-off that judged
+    only those has judged no production kernel and never says SHIP."""
     xfails: tuple[XFail, ...] = field(default_factory=tuple)
     vllm_backend: str | None = None
     """Its member of vLLM's ``Mxfp4MoeBackend`` (e.g. ``TRITON``), if it is one of vLLM's."""
@@ -168,9 +174,10 @@ class Backend:
         """Import vendor packages; raise BackendUnavailable (or let ImportError out) if absent."""
 
     def provenance(self) -> str | None:
-        """Where the kernel that runs was built, when that is not the vendor's own release (a
-        project-built subset of a JIT module, say); None otherwise. Every result of the backend
-        carries it among its findings, so a verdict is never read as the vendor build's."""
+        """Which build of the kernel runs: the vendor package's version and where it was loaded
+        from, or the project-built subset of a JIT module that runs in its place; None for the
+        harness's own backends. Every result records it (``Result.build``) and the sign-off report
+        names it per backend, so a verdict is never read as another build's."""
         return None
 
     def target(self, case: Case) -> Target:
@@ -206,6 +213,16 @@ class VendorKernel(Backend):
     pip_name: ClassVar[str]
     kernel: ClassVar[str]
     """The vendor entry point, as its users know it (for reasons and reports)."""
+    empty_batch: ClassVar[str | None] = None
+    """Why the adapter does not call its kernel on an empty batch (T = 0), where it does not: such a
+    case is then a SKIP saying so, never a PASS of a kernel that did not run."""
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        """As declared; and no empty batch where the kernel is not called on one (``empty_batch``)."""
+        reason = super().supports(case, arch)
+        if reason is None and case.tokens == 0 and self.empty_batch:
+            return f"{self.declaration.id} does not call {self.kernel} on an empty batch: {self.empty_batch}"
+        return reason
 
     def load(self) -> None:
         """Import the vendor package, then ``check_call``."""
@@ -219,6 +236,10 @@ class VendorKernel(Backend):
             ) from exc
         self.check_call()
 
+    def provenance(self) -> str | None:
+        """The vendor package as imported: its distribution's version and its folder."""
+        return package_build(self.package)
+
     def check_call(self) -> None:
         """Raise BackendUnavailable unless ``run`` can call the kernel on this host: by default,
         unless this host's architecture is declared (adapters add their own checks after it)."""
@@ -227,6 +248,31 @@ class VendorKernel(Backend):
     def run(self, prepared: Any, inputs: CaseInputs, out: torch.Tensor) -> None:
         """Call the vendor kernel (only reached where ``check_call`` passed)."""
         raise NotImplementedError(f"{self.declaration.id}: no kernel adapter")
+
+
+@functools.cache
+def _distribution(top: str) -> str | None:
+    """``dist version`` of the installed distribution providing the top-level module ``top``."""
+    from importlib import metadata
+
+    try:
+        dists = metadata.packages_distributions().get(top, [])
+        return f"{dists[0]} {metadata.version(dists[0])}" if dists else None
+    except Exception:  # metadata of an odd install: the module's own version stands
+        return None
+
+
+def package_build(package: str) -> str | None:
+    """``package`` as this process imported it: ``name version (folder)``, the version from its
+    distribution's metadata (or ``__version__``); None if it is not imported."""
+    import sys
+
+    mod = sys.modules.get(package)
+    if mod is None:
+        return None
+    version = _distribution(package.split(".")[0]) or getattr(mod, "__version__", None)
+    where = os.path.dirname(getattr(mod, "__file__", "") or "") or "?"
+    return f"{package} {version or '(no version)'} ({where})"
 
 
 def require_host_arch(backend_id: str, archs: tuple[str, ...], platform: str = "") -> str:

@@ -70,6 +70,10 @@ class Metrics:
     """Its threshold for a false-alarm rate of ``harness.systematic.ALPHA`` per case."""
     systematic: str = ""
     """Its finding: where the largest projection is, and whether it fired."""
+    unjudged: int = 0
+    """Elements where the oracle is finite but the bound or the error/bound ratio is not a finite
+    number (a NaN or infinite bound, inf/inf): nothing is known there, so the case is an ERROR of
+    the harness, never a pass."""
 
     @property
     def systematic_fired(self) -> bool:
@@ -96,9 +100,22 @@ class Result:
     seconds: float = 0.0
     findings: list[str] = field(default_factory=list)
     """Observations that are not failures by themselves (declared non-determinism, for one)."""
+    build: str = ""
+    """Which build of the kernel ran (``Backend.provenance``): the vendor package's version and
+    where it was loaded from, or the project's own build of it; empty for the harness's own."""
     diagnosis: str = ""
     """For a FAIL checked with ``diagnose``: the catalogue fault that explains the output, and
     where the error concentrates (``harness.diagnosis``)."""
+
+
+HARNESS_RAISED = "the harness raised (not the backend)"
+
+
+def harness_error(result: Result) -> bool:
+    """Whether an ERROR is the harness's own (it raised making inputs or the oracle, or its bound
+    is not finite somewhere), not the backend's: such an ERROR says nothing of the kernel, so it is
+    never counted as a fault caught."""
+    return result.outcome == "ERROR" and (result.reason == HARNESS_RAISED or result.metrics.unjudged > 0)
 
 
 DIAGNOSE_MAX_ELEMENTS = 1 << 20
@@ -165,6 +182,8 @@ def compare(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, poison_le
     err = torch.where(bad, torch.full_like(g, math.inf), (g - ref).abs())
     err = torch.where(finite_ref, err, torch.zeros_like(err))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    # A NaN comparison is False: a NaN bound or ratio would pass every element it touches.
+    m.unjudged = int((finite_ref & (~torch.isfinite(bound) | torch.isnan(ratio) | (bound < 0))).sum())
     flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf)))
     row, col = divmod(flat, g.shape[1])
     m.worst_ratio = float(ratio.reshape(-1)[flat])
@@ -250,9 +269,18 @@ def judge(backend: Backend, result: Result) -> None:
             problems.append(text + " (declared deterministic)")
         else:
             result.findings.append(text + " (declared non-deterministic)")
+    unjudged = []
+    if m.unjudged:
+        unjudged.append(f"{m.unjudged} of {m.elements} elements have no finite error bound or error/bound ratio "
+                        "(a harness error: they are not judged)")
+    if m.systematic_z is not None and not math.isfinite(m.systematic_z) and not (m.nonfinite or m.unwritten):
+        unjudged.append(f"the systematic-error test's z is {m.systematic_z} (a harness error)")
     if result.outcome not in ("ERROR",):
-        result.outcome = "FAIL" if problems else "PASS"
-        result.reason = "; ".join(problems) if problems else f"worst error/bound {m.worst_ratio:.3g}"
+        if unjudged and not problems:
+            result.outcome, result.reason = "ERROR", "; ".join(unjudged)
+        else:
+            result.outcome = "FAIL" if problems else "PASS"
+            result.reason = "; ".join(problems + unjudged) if problems else f"worst error/bound {m.worst_ratio:.3g}"
     for xf in d.xfails:
         if xf.matches(result.case):
             if result.outcome in ("FAIL", "ERROR"):
@@ -278,8 +306,7 @@ def guarded_call(
     Returns the first run's output, or None when the backend raised (``result`` is its ERROR).
     Raises only for the harness's own failures (making the oracle)."""
     d = backend.declaration
-    if (built := backend.provenance()) is not None:
-        result.findings.append(built)
+    result.build = backend.provenance() or ""
     if bounded is None:
         bounded, tied = tie_aware_bound(inputs, d.arithmetic)
         if tied:
@@ -408,7 +435,7 @@ def run_case(
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.
         result.outcome = "ERROR"
-        result.reason = "the harness raised (not the backend)"
+        result.reason = HARNESS_RAISED
         result.traceback = traceback.format_exc()
         return result, inputs
     finally:

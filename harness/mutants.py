@@ -29,7 +29,7 @@ import torch
 from mxmoe.harness.backend import Backend
 from mxmoe.harness.bounds import reference_and_bound
 from mxmoe.harness.cases import Case
-from mxmoe.harness.engine import peer_verdicts, run_case
+from mxmoe.harness.engine import harness_error, peer_verdicts, run_case
 from mxmoe.harness.honest import HONEST, HonestFp32
 from mxmoe.harness.inputs import CaseInputs, generator_for, make_inputs
 from mxmoe.harness.platforms import device_for
@@ -40,6 +40,8 @@ from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4, fake_quantize
 from mxmoe.reference.routing import route
 
 SPEC8 = "SPEC section 8"
+BAD_VERDICTS = ("MISSED", "FALSE ALARM", "NOT RUN", "HARNESS ERROR")
+"""Row verdicts that mean the catalogue did not show what it is for (``Row.verdict``)."""
 PEER_RULES = ("vllm_80pct_0p3", "triton_kernels")
 """The peers' acceptance rules the matrix compares with (``engine.peer_verdicts``)."""
 
@@ -517,6 +519,8 @@ class Row:
     runs: int = 0
     fails: int = 0
     errors: int = 0
+    harness_errors: int = 0
+    """ERRORs of the harness itself (``engine.harness_error``): neither a catch nor a clean run."""
     skips: int = 0
     first_catch: int | None = None
     """1-based count of cases run until the first FAIL or ERROR."""
@@ -540,7 +544,13 @@ class Row:
 
     @property
     def verdict(self) -> str:
-        """What the row means: caught / MISSED for faults, clean / FALSE ALARM for the rest."""
+        """What the row means: caught / MISSED for faults, clean / FALSE ALARM for the rest; NOT RUN
+        where no case ran (nothing was shown), HARNESS ERROR where the harness itself failed on a
+        case (that case says nothing of the fault)."""
+        if self.harness_errors:
+            return "HARNESS ERROR"
+        if self.runs == 0:
+            return "NOT RUN"
         if self.kind == "mutant":
             return "caught" if self.caught else "MISSED"
         return "FALSE ALARM" if self.caught else "clean"
@@ -594,6 +604,8 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                 if result.outcome == "FAIL":
                     row.fails += 1
                     row.z_only += int(result.metrics.systematic_fired and not result.metrics.over_bound)
+                elif harness_error(result):
+                    row.harness_errors += 1
                 elif result.outcome == "ERROR":
                     row.errors += 1
                     row.worst_ratio = math.inf
@@ -605,10 +617,12 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                     rejected = dict.fromkeys(PEER_RULES, result.outcome == "ERROR")
                 for rule, bad in rejected.items():
                     row.peer_catches[rule] = row.peer_catches.get(rule, 0) + int(bad)
-                if result.outcome in ("FAIL", "ERROR") and not row.failure:
+                if harness_error(result):
+                    row.failure = row.failure or f"{case.id}: harness error: {result.reason}"
+                elif result.outcome in ("FAIL", "ERROR") and not row.failure:
                     last = result.traceback.strip().splitlines()[-1:] if result.traceback else []
                     row.failure = f"{case.id}: {result.reason}" + (f" ({last[0]})" if last else "")
-                if result.outcome in ("FAIL", "ERROR") and row.first_catch is None:
+                if result.outcome in ("FAIL", "ERROR") and not harness_error(result) and row.first_catch is None:
                     row.first_catch = row.runs
                 if log is not None:
                     log(f"{row.id} {case.id} {result.outcome}")

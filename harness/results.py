@@ -143,6 +143,7 @@ class Recorder:
             "reason": result.reason,
             "findings": list(result.findings),
             "diagnosis": result.diagnosis,
+            "build": result.build,
             "case_id": result.case.id,
             "case": result.case.to_dict(),
             "metrics": result.metrics.to_dict(),
@@ -212,6 +213,7 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "metrics": result.metrics.to_dict(),
         "traceback": result.traceback,
         "diagnosis": result.diagnosis,
+        "build": result.build,
         "replay": replay_command(json_path),
     }
     json_path.write_text(json.dumps(finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")

@@ -126,6 +126,7 @@ class AiterTritonBase(VendorKernel):
     pip_name = PIP_NAME
     gemm_modules: tuple[str, ...] = A16W4_MODULES
     gemm_name = "moe_gemm_a16w4"
+    empty_batch = "vLLM never calls the experts with T = 0"
     _mods: SimpleNamespace | None = None
 
     def supports(self, case: Case, arch: str) -> str | None:
@@ -134,6 +135,19 @@ class AiterTritonBase(VendorKernel):
         if reason is None and case.activation == "swigluoai" and case.beta != 1.0:
             return f"{self.declaration.id}: aiter's fused swiglu computes s * (up + 1); beta {case.beta} is not 1"
         return reason
+
+    def provenance(self) -> str | None:
+        """aiter as imported (its folder names the commit of a cached checkout,
+        ``aiter-<commit>``), and whether its Triton kernels were interpreted or compiled."""
+        import os
+
+        from mxmoe.harness.backend import package_build
+
+        built = package_build("aiter")
+        if built is None:
+            return None
+        how = "interpreted (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+        return f"{built}; Triton kernels {how}"
 
     def check_call(self) -> None:
         """A declared ROCm GPU, and an aiter that has the Triton GEMM and routing modules."""

@@ -127,6 +127,7 @@ class AiterMxfp4Bf16(VendorKernel):
     package = "aiter"
     pip_name = PIP_NAME
     kernel = "aiter.fused_moe.fused_moe (CK a16w4)"
+    empty_batch = "vLLM never calls the experts with T = 0"
     storage = (storage.aiter_a16w4_weight_shuffle(), storage.aiter_a16w4_scale_shuffle())
     declaration = _ck_declaration(
         "aiter-mxfp4-bf16",
@@ -256,8 +257,6 @@ class AiterMxfp4Bf16(VendorKernel):
 
     def run(self, prepared: CkPrepared, inputs: CaseInputs, out: torch.Tensor) -> None:
         """aiter's fused_moe as vLLM calls it, into ``out``."""
-        if inputs.case.tokens == 0:
-            return  # vLLM never calls the experts on an empty batch; there is nothing to write
         aiter = self._aiter
         weights, ids = self.route(inputs)
         mask = None if inputs.expert_map is None else aiter_expert_mask(inputs.expert_map)

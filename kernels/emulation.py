@@ -41,6 +41,9 @@ class TorchMoE(Backend):
 
     gemm: str = "fp32"
     split_k: int = 1
+    combine: torch.dtype = torch.float32
+    """The dtype the top-k combine accumulates in (float32 as every declaration here says; a test's
+    faulty kernel sets bfloat16 to leave a rounding point undeclared)."""
 
     def convert(self, inputs: CaseInputs) -> Prepared:
         """The declared conversion (row layout, padding), then an exact dequantization."""
@@ -99,7 +102,7 @@ class TorchMoE(Backend):
         on_input = self.weight_on_input(inputs)
         x = inputs.x.float()
         x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
-        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=torch.float32, device=x.device)
+        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=self.combine, device=x.device)
         for e in range(prepared.w13.shape[0]):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
             if tok.numel() == 0:
@@ -121,7 +124,7 @@ class TorchMoE(Backend):
             y = self._round(y, p.expert_output, p)
             if prepared.b2 is not None and late:
                 y = y + prepared.b2[e]
-            acc.index_add_(0, tok, y if on_input else y * we)
+            acc.index_add_(0, tok, (y if on_input else y * we).to(acc.dtype))
         out.copy_(acc[:, : out.shape[1]])
 
 
@@ -132,6 +135,7 @@ class Emulation(TorchMoE):
     declaration = Declaration(
         id="emulation",
         archs=ARCHS,
+        production=False,  # the harness's own rendering of vLLM's EMULATION arithmetic
         vllm_backend="EMULATION",
         description="dequantize + bf16 GEMMs (fp32 accumulation), bf16 between every stage",
         w13_layout="interleaved",

@@ -176,10 +176,10 @@ class FlashInferKernel(VendorKernel):
         FlashInferKernel._fi = fused_moe
 
     def provenance(self) -> str | None:
-        """Names the project-built subset where it runs in place of FlashInfer's module."""
+        """The project-built subset where it runs in place of FlashInfer's module, else the wheel."""
         b = self._built
         if b is None:
-            return None
+            return super().provenance()
         return (
             f"kernel from the project's build of FlashInfer {b['flashinfer']}'s {b['module']} (the bf16 x MXFP4 "
             f"subset of fused_moe_90, recipe {b['recipe']}, CUDA {b['cuda']}), not FlashInfer's own build"

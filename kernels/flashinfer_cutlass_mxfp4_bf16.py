@@ -40,6 +40,7 @@ import torch
 from mxmoe.harness.backend import Arithmetic, Declaration
 from mxmoe.harness.cases import Case
 from mxmoe.harness.convert import Converted, Target
+from mxmoe.harness.engine import poisoned
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels.flashinfer_common import (
     DEFAULT_SM90_GENERATION,
@@ -55,6 +56,7 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
     """FLASHINFER_CUTLASS_MXFP4_BF16 (see the module docstring)."""
 
     kernel = "flashinfer.fused_moe.cutlass_fused_moe"
+    empty_batch = "vLLM never calls the experts with T = 0 (FlashInfer asserts input_activations)"
     jit_modules = {"sm90": "fused_moe_90"}
     storage = SM90_LAYOUTS[DEFAULT_SM90_GENERATION]
     declaration = Declaration(
@@ -85,11 +87,9 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
 
     def run(self, prepared: Converted, inputs: CaseInputs, out: torch.Tensor) -> None:
         """One ``cutlass_fused_moe`` call with the engine's routing."""
-        if inputs.case.tokens == 0:
-            return  # vLLM never calls the experts on an empty batch (FlashInfer asserts input_activations)
         t = prepared.tensors
         x = inputs.padded_x(prepared.target.hidden)
-        output = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+        output = poisoned(tuple(x.shape), torch.bfloat16, x.device)  # unwritten shows as such
         self._fi.cutlass_fused_moe(
             input=x,
             fc1_expert_weights=t["w13_blocks"],

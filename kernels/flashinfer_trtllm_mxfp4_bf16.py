@@ -18,6 +18,7 @@ import torch
 
 from mxmoe.harness.backend import Arithmetic, Declaration
 from mxmoe.harness.convert import Converted
+from mxmoe.harness.engine import poisoned
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels import storage
 from mxmoe.kernels.flashinfer_common import FlashInferKernel, enum_member, enums
@@ -61,7 +62,7 @@ class FlashInferTrtllmMxfp4Bf16(FlashInferKernel):
         dev = x.device
         swiglu = case.activation == "swigluoai"
         bias = inputs.correction_bias
-        output = torch.empty(inputs.x.shape[0], out.shape[1], dtype=torch.bfloat16, device=dev)
+        output = poisoned((inputs.x.shape[0], out.shape[1]), torch.bfloat16, dev)  # unwritten shows as such
         fi.trtllm_fp4_block_scale_moe(
             routing_logits=inputs.router_logits.to(torch.bfloat16),  # exact: the logits are bf16 values
             routing_bias=None if bias is None else bias.to(torch.bfloat16),

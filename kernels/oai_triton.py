@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +38,7 @@ import torch
 from mxmoe.harness.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
 from mxmoe.harness.cases import Case
 from mxmoe.harness.convert import padded_sizes
+from mxmoe.harness.engine import poisoned
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.harness.platforms import host_arch
 from mxmoe.harness.vendor import VendorMissing, import_triton_kernels
@@ -87,6 +89,7 @@ class OaiTritonBase(VendorKernel):
     package = "triton_kernels"
     pip_name = "none: vLLM vendors it; `python -m harness fetch triton-kernels`"
     kernel = "triton_kernels.matmul_ogs"
+    empty_batch = "vLLM never calls the experts with T = 0, and matmul_ogs takes no empty routing"
     storage = (storage.transpose(),)
     routes_in_kernel = False
     """True: triton_kernels routes from the logits (vLLM's monolithic path); False: the engine's
@@ -111,6 +114,19 @@ class OaiTritonBase(VendorKernel):
                     "Hopper scale layout (num_warps=8) matmul_ogs fails a compile-time assertion there"
                 )
         return reason
+
+    def provenance(self) -> str | None:
+        """Where triton_kernels came from (its folder, and the wheel it was taken out of), and the
+        triton that compiles it."""
+        import triton
+
+        tk = OaiTritonBase._tk
+        if tk is None:
+            return None
+        folder = Path(tk.file).parent
+        source = folder / "SOURCE.txt"
+        origin = source.read_text().strip() if source.is_file() else "installed"
+        return f"triton_kernels at {folder} ({origin}); triton {triton.__version__}"
 
     def load(self) -> None:
         """Import triton_kernels (installed, vLLM's, or the cached copy), then ``check_call``."""
@@ -278,20 +294,18 @@ class OaiTriton(OaiTritonBase):
         tk = prepared.tk
         case = inputs.case
         mo = tk.matmul_ogs
-        if case.tokens == 0:  # an empty batch: nothing to compute (matmul_ogs takes no empty routing)
-            return
         rd, gather, scatter, _, x = self.begin(prepared, inputs)
         t, n = x.shape[0], prepared.w13.shape[-1]
         act = mo.FusedActivation(
             mo.FnSpecs("swiglu", tk.swiglu.swiglu_fn, ("alpha", "limit")), (float(case.alpha), case.limit or None), 2
         )
-        inter = torch.empty(1, t * case.top_k, n // 2, dtype=torch.bfloat16, device=x.device)
+        inter = poisoned((1, t * case.top_k, n // 2), torch.bfloat16, x.device)
         mo.matmul_ogs(
             x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13,
             fused_activation=act, y=inter,
         )  # fmt: skip
         direct = out.dtype == torch.bfloat16 and prepared.hidden == out.shape[1] and out.is_contiguous()
-        y = out.view(1, t, -1) if direct else torch.empty(1, t, prepared.hidden, dtype=torch.bfloat16, device=x.device)
+        y = out.view(1, t, -1) if direct else poisoned((1, t, prepared.hidden), torch.bfloat16, x.device)
         mo.matmul_ogs(
             inter.view(t * case.top_k, n // 2), prepared.w2, prepared.b2, rd, scatter_indx=scatter,
             precision_config=prepared.pc2, gammas=rd.gate_scal, y=y,

@@ -23,6 +23,7 @@ import torch
 
 from mxmoe.harness.backend import Arithmetic, Declaration
 from mxmoe.harness.cases import Case
+from mxmoe.harness.engine import poisoned
 from mxmoe.harness.inputs import CaseInputs
 from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared
 from mxmoe.reference.activation import gated_activation
@@ -68,17 +69,15 @@ class OaiTritonUnfused(OaiTritonBase):
         tk = prepared.tk
         case = inputs.case
         mo = tk.matmul_ogs
-        if case.tokens == 0:  # an empty batch: nothing to compute (matmul_ogs takes no empty routing)
-            return
         rd, gather, scatter, ids, x = self.begin(prepared, inputs)
         t, n = x.shape[0], prepared.w13.shape[-1]
         k = prepared.hidden
-        gemm1 = torch.empty(1, t * case.top_k, n, dtype=torch.bfloat16, device=x.device)
+        gemm1 = poisoned((1, t * case.top_k, n), torch.bfloat16, x.device)
         mo.matmul_ogs(x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13, y=gemm1)
         act_in = gemm1.view(-1, n)[gather.dst_indx.to(torch.int64)]
         act = unfused_activation(act_in, case, self.declaration.w13_layout)
         rd.n_expts_act = 1  # one row per (token, slot): the sum over the top-k is done below
-        rows = torch.empty(1, t * case.top_k, k, dtype=torch.bfloat16, device=x.device)
+        rows = poisoned((1, t * case.top_k, k), torch.bfloat16, x.device)
         mo.matmul_ogs(
             act[gather.src_indx.to(torch.int64)], prepared.w2, prepared.b2, rd, scatter_indx=scatter,
             precision_config=prepared.pc2, gammas=rd.gate_scal, y=rows,

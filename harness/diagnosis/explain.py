@@ -14,7 +14,10 @@ bound, the experts those tokens route to (weighted by routing weight, against ho
 chosen overall), and the blocks of 32 output columns.
 
 Faults that do not change the output of a run (a mutated input, a raise, unwritten rows, garbage
-padding, which the engine's other guards catch and name) are not candidates.
+padding, which the engine's other guards catch and name) are not candidates; nor is a fault that
+has no effect on this case (its output within ``NO_EFFECT`` of its own bound of the honest
+layer's: a hard-coded Renormalize on a Renormalize case, an ignored expert map where there is none),
+since it would "explain" any output the honest layer explains and name a cause that is not one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from mxmoe.reference.mxfp4 import BLOCK
 
 NOT_CANDIDATES = ("input-mutated", "nameerror-at-call", "rows-unwritten", "garbage-padding")
 """Faults the engine's guards name by themselves (inputs compared, raise caught, poison, padding)."""
+NO_EFFECT = 0.01
+"""A fault whose output differs from the honest layer's by less than this fraction of its own bound
+everywhere has no effect on the case: it is not a candidate."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +96,17 @@ def _ratio(got: torch.Tensor, other: torch.Tensor, tolerance: torch.Tensor) -> f
 def explain(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> Diagnosis:
     """The diagnosis of a kernel output ``got`` on ``inputs`` (module docstring); ``arithmetic``
     is the kernel's declared one."""
+    from mxmoe.harness.honest import HonestFp32
     from mxmoe.harness.mutants import MUTANTS
 
     mine = reference_and_bound(inputs, arithmetic)
     candidates = []
     own_bounds: dict[Arithmetic, torch.Tensor] = {}
+    honest = HonestFp32()
+    given = _clone(inputs)
+    honest_out = poisoned((inputs.case.tokens, inputs.case.hidden), honest.declaration.arithmetic.precision.output,
+                          inputs.x.device)  # fmt: skip
+    honest.run(honest.convert(given), given, honest_out)
     for cls in MUTANTS:
         if cls.slug in NOT_CANDIDATES:
             continue
@@ -108,6 +120,8 @@ def explain(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> Di
             fault.run(fault.convert(given), given, out)
         except Exception:  # a fault that cannot apply to this case explains nothing
             continue
+        if _ratio(out, honest_out, own_bounds[ar]) < NO_EFFECT:
+            continue  # no effect here: it would name a cause that is not one
         candidates.append(Candidate(cls.slug, cls.fault, _ratio(got, out, mine.bound + own_bounds[ar])))
     candidates.sort(key=lambda c: c.worst_ratio)
     return Diagnosis(tuple(candidates), *_where(inputs, got, mine.ref, mine.bound))

@@ -157,8 +157,9 @@ class ModelCheck:
 
     @property
     def passed(self) -> bool:
-        """Every layer judged, and every one PASS."""
-        return not self.aborted and all(v.result.outcome == "PASS" for v in self.layers)
+        """At least one layer judged, every layer judged, and every one PASS: a check that judged no
+        layer (the backend raised before the first) passed nothing."""
+        return bool(self.layers) and not self.aborted and all(v.result.outcome == "PASS" for v in self.layers)
 
     def to_dict(self) -> dict[str, object]:
         """Plain data (the run's summary file; the layers' full records are in the results JSONL)."""
@@ -216,13 +217,18 @@ def check_model(
         got_logits = model.logits(ids)
     except LayerFailed as exc:
         aborted = str(exc)
+    except Exception as exc:  # outside the judged calls (the model's own code, say): still this check's verdict
+        aborted = f"raised outside the checked layers: {type(exc).__name__}: {exc}"
     finally:
         model.set_observer(None)
     comparison = None if got_logits is None else compare_logits(ref_logits, got_logits, mask)
     seconds = []
     if timing_repeats and not aborted:
-        model.logits(ids)  # warm-up: compilation, autotuning, caches
-        seconds = [model.timed_logits(ids)[1] for _ in range(timing_repeats)]
+        try:
+            model.logits(ids)  # warm-up: compilation, autotuning, caches
+            seconds = [model.timed_logits(ids)[1] for _ in range(timing_repeats)]
+        except Exception as exc:  # an unchecked forward that raises: the kernel is not fit to ship either
+            aborted = f"an unchecked (timed) forward raised: {type(exc).__name__}: {exc}"
     return ModelCheck(
         backend=backend.backend.declaration.id,
         planted={i: p.backend.declaration.id for i, p in (plants or {}).items()},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CATEGORIES = ("activation", "bias", "routing-weight", "scale", "layout", "routing")
+CATEGORIES = ("activation", "bias", "routing-weight", "scale", "layout", "routing", "write-back")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ _PMM = "matmul_ogs_details/_p_matmul_ogs.py"
 _HV = "tensor_details/layout_details/hopper_value.py"
 _HS = "tensor_details/layout_details/hopper_scale.py"
 _RC = "routing_details/_routing_compute.py"
+_RG = "matmul_ogs_details/_reduce_grouped.py"
 
 TRITON_PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -167,6 +168,12 @@ TRITON_PATCHES: tuple[Patch, ...] = (
             "    exclusive_run_lengths = (expts_and_inclusive_run_lengths - 1) & 0xffff",
             "    exclusive_run_lengths = (expts_and_inclusive_run_lengths) & 0xffff",
         ),),
+    ),
+    Patch(
+        "writeback-row-dropped", "write-back",
+        "the top-k reduce's write-back leaves the last row of every 16-token tile unwritten (AITER #3538's kind)",
+        (Edit(_RG, "        tl.store(out_ptr, acc, mask=out_n_mask)",
+              "        tl.store(out_ptr, acc, mask=out_n_mask & (pid_t % 16 != 15))"),),
     ),
     Patch(
         "routing-sigmoid-for-softmax", "routing", "the top-k kernel weights the chosen k by sigmoid, not softmax",

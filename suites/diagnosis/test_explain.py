@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from mxmoe.harness.cases import make_case
 from mxmoe.harness.cli import main
@@ -31,35 +32,37 @@ PR = NAMED[::2] + ("nibble-order", "e8m0-bias-128")
 
 
 def _output(backend: object, inputs: object) -> object:
-    out = poisoned((CASE.tokens, CASE.hidden), backend.declaration.arithmetic.precision.output, "cpu")
+    out = poisoned((CASE.tokens, CASE.hidden), backend.declaration.arithmetic.precision.output, inputs.x.device)
     backend.run(backend.convert(inputs), inputs, out)
     return out
 
 
 @pytest.mark.parametrize("slug", NAMED)
-def test_the_planted_fault_is_named_and_only_it(slug, profile):
+def test_the_planted_fault_is_named_and_only_it(slug, profile, host_arch, host_device):
     if profile == "pr" and slug not in PR:
         pytest.skip("checked in the nightly profile (the pr profile diagnoses 12 of these 20 faults)")
     fault = BY_SLUG[slug]()
-    result, _ = run_case(fault, CASE, "cpu")
+    result, _ = run_case(fault, CASE, host_arch)
     assert result.outcome == "FAIL"  # the check fails first; the diagnosis says why
-    found = explain(make_inputs(CASE, "cpu"), _output(fault, make_inputs(CASE, "cpu")), fault.declaration.arithmetic)
+    inputs = make_inputs(CASE, host_device)
+    found = explain(inputs, _output(fault, inputs), fault.declaration.arithmetic)
     named = {c.slug for c in found.explained_by}
     assert named == {slug} | ALIKE.get(slug, set()), found.summary()
     assert found.summary().startswith("explained by: ")
     assert found.tokens and found.blocks  # where the error concentrates
 
 
-def test_a_fault_outside_the_catalogue_is_not_explained_and_says_the_nearest():
+def test_a_fault_outside_the_catalogue_is_not_explained_and_says_the_nearest(host_device):
     wrong = load_spec(f"{Path(__file__).parents[1] / 'harness' / 'faulty_backends.py'}:WrongSignFp32").backend
-    found = explain(make_inputs(CASE, "cpu"), _output(wrong, make_inputs(CASE, "cpu")), wrong.declaration.arithmetic)
+    inputs = make_inputs(CASE, host_device)
+    found = explain(inputs, _output(wrong, inputs), wrong.declaration.arithmetic)
     assert found.explained_by == ()
     assert found.summary().startswith("no catalogue fault explains it; the nearest: ")
 
 
-def test_diagnose_reads_a_reproducer(tmp_path, capsys):
+def test_diagnose_reads_a_reproducer(tmp_path, capsys, host_arch):
     loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
-    result, inputs = run_case(loaded.backend, CASE, "cpu")
+    result, inputs = run_case(loaded.backend, CASE, host_arch)
     repro = save_repro(tmp_path, result, inputs, loaded.spec)
     Recorder(tmp_path).record(result, loaded, repro)
     assert main(["diagnose", str(repro)]) == 0
@@ -67,7 +70,7 @@ def test_diagnose_reads_a_reproducer(tmp_path, capsys):
     assert "explained by: nibble-order" in out and "the first: FP4 nibbles unpacked high nibble first" in out
 
 
-def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproducer_and_the_report(tmp_path):
+def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproducer_and_the_report(tmp_path, host_arch):
     import json
 
     from mxmoe.harness.engine import failure_message
@@ -76,13 +79,30 @@ def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproduce
     from mxmoe.reports.policy import load_policy
 
     loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
-    result, inputs = run_case(loaded.backend, CASE, "cpu", diagnose=True)
+    result, inputs = run_case(loaded.backend, CASE, host_arch, diagnose=True)
     assert result.outcome == "FAIL" and result.diagnosis.startswith("explained by: nibble-order")
     assert f"Diagnosis: {result.diagnosis}" in failure_message(result)
-    plain, _ = run_case(loaded.backend, CASE, "cpu")
+    plain, _ = run_case(loaded.backend, CASE, host_arch)
     assert plain.diagnosis == ""  # only asked for (the catalogue plants its causes)
     repro = save_repro(tmp_path, result, inputs, loaded.spec)
     Recorder(tmp_path).record(result, loaded, repro)
     assert json.loads(repro.read_text())["diagnosis"] == result.diagnosis
     (failure,) = build(collect([tmp_path]), load_policy())["failures"]
     assert failure["diagnosis"] == result.diagnosis
+
+
+class Bf16Combine(load_spec("mxmoe.harness.honest:HonestFp32").backend.__class__):
+    """HonestFp32 whose top-k combine accumulates in bf16 where fp32 is declared."""
+
+    combine = torch.bfloat16
+
+
+def test_a_fault_with_no_effect_on_the_case_is_never_named(host_arch):
+    """A bf16 combine on a Renormalize case without correction bias or expert map: the catalogue's
+    hard-coded Renormalize, bias-in-weights and ignored expert map change nothing there (their output
+    is the honest layer's), so they explain nothing, whatever the kernel did."""
+    case = make_case("small", 64)
+    result, _ = run_case(Bf16Combine(), case, host_arch, diagnose=True)
+    assert result.outcome == "FAIL", result.reason
+    for no_op in ("routing-hardcoded", "bias-in-weights", "expert-map-ignored"):
+        assert no_op not in result.diagnosis, result.diagnosis

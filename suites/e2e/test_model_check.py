@@ -242,7 +242,7 @@ def test_a_backend_given_by_file_can_be_the_models_moe(tiny, tmp_path):
 
 def test_a_backend_that_crashes_loses_no_other_backends_results(tmp_path, capsys):
     """One backend raises inside a checked layer, another outside them (in an unchecked forward):
-    each is reported, and the backend after them is still checked."""
+    each is reported with its summary (not PASS), and the backend after them is still checked."""
     path = tmp_path / "flaky.py"
     path.write_text(
         "import dataclasses\n"
@@ -270,8 +270,16 @@ def test_a_backend_that_crashes_loses_no_other_backends_results(tmp_path, capsys
     captured = capsys.readouterr()
     assert rc == 1
     assert "checked forward stopped: layer 2: the backend raised" in captured.out
-    assert "raises-after-check raised outside the checked layers" in captured.err and "boom after" in captured.err
+    assert "checked forward stopped: an unchecked (timed) forward raised: RuntimeError: boom after" in captured.out
     assert "forward (emulation, unchecked)" in captured.out  # the backend after them ran
+    after = json.loads((tmp_path / f"model-check-raises-after-check-{ARCH}.json").read_text())  # written all the same
+    assert not after["passed"] and "boom after" in after["aborted"] and len(after["layers"]) == 4
     summary = json.loads((tmp_path / f"model-check-raises-at-layer2-{ARCH}.json").read_text())
     assert summary["first_failure"] == 2 and summary["layers"][2]["outcome"] == "ERROR"
     assert (tmp_path / f"model-check-emulation-{ARCH}.json").is_file()
+
+
+def test_a_check_that_judged_no_layer_did_not_pass():
+    from mxmoe.harness.e2e.layercheck import ModelCheck
+
+    assert not ModelCheck(backend="x", planted={}, layers=[], comparison=None).passed

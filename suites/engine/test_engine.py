@@ -111,72 +111,72 @@ class HonestKnown(Emulation):
     declaration = _declare("honest-known", xfails=(_XF,))
 
 
-def test_unwritten_row_fails_with_its_count():
-    result, _ = run_case(UnwrittenRow(), CASE, "cpu")
+def test_unwritten_row_fails_with_its_count(host_arch):
+    result, _ = run_case(UnwrittenRow(), CASE, host_arch)
     assert result.outcome == "FAIL"
     assert result.metrics.unwritten == CASE.hidden
     assert f"{CASE.hidden} output elements never written" in result.reason
 
 
-def test_input_written_in_place_fails_naming_it():
-    result, _ = run_case(WritesX(), CASE, "cpu")
+def test_input_written_in_place_fails_naming_it(host_arch):
+    result, _ = run_case(WritesX(), CASE, host_arch)
     assert result.outcome == "FAIL"
     assert result.reason.startswith("inputs modified by the backend: x")
 
 
-def test_nondeterminism_fails_a_backend_declared_deterministic():
-    result, _ = run_case(Flaky(), CASE, "cpu")
+def test_nondeterminism_fails_a_backend_declared_deterministic(host_arch):
+    result, _ = run_case(Flaky(), CASE, host_arch)
     assert result.outcome == "FAIL"
     assert result.metrics.nondeterministic == 1
     assert "differ between two runs" in result.reason and "(declared deterministic)" in result.reason
 
 
-def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong():
-    result, _ = run_case(Flaky(), CASE, "cpu", diagnose=True)
+def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong(host_arch):
+    result, _ = run_case(Flaky(), CASE, host_arch, diagnose=True)
     assert result.diagnosis.startswith("none needed: both runs are within the bound"), result.diagnosis
-    result, _ = run_case(WrongSecondRun(), CASE, "cpu", diagnose=True)
+    result, _ = run_case(WrongSecondRun(), CASE, host_arch, diagnose=True)
     assert result.outcome == "FAIL" and result.metrics.over_bound == 0
     assert result.diagnosis.startswith("of the second run (the first is within the bound"), result.diagnosis
 
 
-def test_declared_nondeterminism_passes_with_a_finding():
-    result, _ = run_case(FlakyDeclared(), CASE, "cpu")
+def test_declared_nondeterminism_passes_with_a_finding(host_arch):
+    result, _ = run_case(FlakyDeclared(), CASE, host_arch)
     assert result.outcome == "PASS", result.reason
     assert result.findings == ["1 elements differ between two runs on the same inputs (declared non-deterministic)"]
 
 
-def test_exception_is_an_error_with_the_traceback():
-    result, _ = run_case(Raises(), CASE, "cpu")
+def test_exception_is_an_error_with_the_traceback(host_arch):
+    result, _ = run_case(Raises(), CASE, host_arch)
     assert result.outcome == "ERROR"
     assert result.reason == "the backend raised"
     assert "RuntimeError: illegal memory access in the test's kernel" in result.traceback
     assert "in run" in result.traceback
 
 
-def test_nan_where_the_oracle_is_finite_fails():
-    result, _ = run_case(MakesNaN(), CASE, "cpu")
+def test_nan_where_the_oracle_is_finite_fails(host_arch):
+    result, _ = run_case(MakesNaN(), CASE, host_arch)
     assert result.outcome == "FAIL"
     # a NaN the kernel wrote carries no poison payload: non-finite, but not "unwritten"
     assert (result.metrics.nonfinite, result.metrics.unwritten) == (1, 0)
     assert "1 non-finite output elements where the oracle is finite" in result.reason
 
 
-def test_inf_where_the_oracle_is_finite_fails():
-    result, _ = run_case(MakesInf(), CASE, "cpu")
+def test_inf_where_the_oracle_is_finite_fails(host_arch):
+    result, _ = run_case(MakesInf(), CASE, host_arch)
     assert result.outcome == "FAIL"
     assert (result.metrics.nonfinite, result.metrics.unwritten) == (1, 0)
     assert "1 non-finite output elements where the oracle is finite" in result.reason
     assert math.isinf(result.metrics.worst_ratio)
 
 
-def test_strict_xfail_turns_fail_into_xfail_and_pass_into_fail():
-    known, _ = run_case(UnwrittenKnown(), CASE, "cpu")
+def test_strict_xfail_turns_fail_into_xfail_and_pass_into_fail(host_arch):
+    known, _ = run_case(UnwrittenKnown(), CASE, host_arch)
     assert known.outcome == "XFAIL"
     assert known.reason.startswith("known upstream bug (https://example.org/issue/1): ")
-    honest, _ = run_case(HonestKnown(), CASE, "cpu")
+    honest, _ = run_case(HonestKnown(), CASE, host_arch)
     assert honest.outcome == "FAIL"
     assert honest.reason.startswith("unexpected pass of a strict xfail")
-    other, _ = run_case(UnwrittenKnown(), make_case("small", 7), "cpu")
+    other, _ = run_case(UnwrittenKnown(), make_case("small", 7), host_arch)
     assert other.outcome == "FAIL"  # the xfail names tiny only
 
 
@@ -198,31 +198,36 @@ def test_unsupported_is_a_skip_with_the_reason(case, arch, reason):
     assert (result.outcome, result.reason, inputs) == ("SKIP", reason, None)
 
 
-def test_an_arch_this_host_lacks_is_a_skip():
-    result, _ = run_case(HonestFp32(), CASE, "gfx942")
-    assert (result.outcome, result.reason) == ("SKIP", "needs gfx942 hardware; this host is cpu")
+def test_an_arch_this_host_lacks_is_a_skip(host_arch):
+    lacking = "gfx942" if host_arch != "gfx942" else "sm90"
+    result, _ = run_case(HonestFp32(), CASE, lacking)
+    assert (result.outcome, result.reason) == ("SKIP", f"needs {lacking} hardware; this host is {host_arch}")
 
 
-def test_failure_message_is_assert_close_style_and_ends_with_the_replay():
-    result, _ = run_case(UnwrittenRow(), CASE, "cpu")
+def test_failure_message_is_assert_close_style_and_ends_with_the_replay(host_arch):
+    result, _ = run_case(UnwrittenRow(), CASE, host_arch)
     lines = failure_message(result, "python -m harness replay r.json").splitlines()
-    assert lines[0].startswith("unwritten-row-cpu-tiny-interleaved-t7: 64 output elements never written")
+    assert lines[0].startswith(f"unwritten-row-{host_arch}-tiny-interleaved-t7: 64 output elements never written")
     assert lines[1] == "Mismatched elements: 64 / 448 (14.3%) exceed the error bound"
     assert lines[2].startswith("Greatest error/bound: inf at index (6, ")
     assert lines[3].startswith("Max abs diff inf, max rel diff inf, RMS rel inf, cosine nan")
     assert lines[3].endswith("non-finite 64, unwritten 64")
     assert lines[-1] == "Replay: python -m harness replay r.json"
-    error, _ = run_case(Raises(), CASE, "cpu")
+    error, _ = run_case(Raises(), CASE, host_arch)
     text = failure_message(error, "X")
     assert "Traceback (most recent call last)" in text and text.endswith("\nReplay: X")
 
 
 _FAULTY_FILE = """
 import dataclasses
+from mxmoe.harness.platforms import host_arch
 from mxmoe.kernels.emulation import Emulation
 
+# this host's arch and one it lacks: one test of each kind wherever the suite runs
+OTHER = "gfx942" if host_arch() != "gfx942" else "sm90"
+
 class Negated(Emulation):
-    declaration = dataclasses.replace(Emulation.declaration, id="negated", archs=("cpu", "gfx942"))
+    declaration = dataclasses.replace(Emulation.declaration, id="negated", archs=(host_arch(), OTHER))
 
     def run(self, prepared, inputs, out):
         super().run(prepared, inputs, out)
@@ -235,14 +240,14 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_plugin_reports_a_fail_with_a_replay_that_reruns_just_it(tmp_path):
+def test_plugin_reports_a_fail_with_a_replay_that_reruns_just_it(tmp_path, host_arch):
     backend = tmp_path / "negated.py"
     backend.write_text(_FAULTY_FILE)
     spec = f"{backend}:Negated"
     sel = ("--backend-file", spec, "--backend", "negated", "-k", "tiny-interleaved-t1")
     run = _pytest("suites/engine/test_differential.py", *sel)
     assert run.returncode == 1, run.stdout
-    # t1 and t16-wide of tiny on cpu fail; gfx942 ones skip here: the set is host-independent
+    # t1 and t16-wide of tiny on this host's arch fail; the other arch's skip here
     assert "2 failed, 2 skipped" in run.stdout, run.stdout
     # set: with CI set, pytest repeats each failure's full message in the short summary
     replays = sorted({ln.removeprefix("Replay: ") for ln in run.stdout.splitlines() if ln.startswith("Replay: ")})
@@ -253,7 +258,7 @@ def test_plugin_reports_a_fail_with_a_replay_that_reruns_just_it(tmp_path):
             "python",
             "-m",
             "pytest",
-            "suites/engine/test_differential.py::test_differential[negated-cpu-tiny-interleaved-t1]",
+            f"suites/engine/test_differential.py::test_differential[negated-{host_arch}-tiny-interleaved-t1]",
             "--backend",
             "negated",
             "--backend-file",
@@ -264,12 +269,13 @@ def test_plugin_reports_a_fail_with_a_replay_that_reruns_just_it(tmp_path):
     assert again.returncode == 1 and "1 failed in" in again.stdout, again.stdout
 
 
-def test_plugin_records_results_and_reproducers(tmp_path):
+def test_plugin_records_results_and_reproducers(tmp_path, host_arch):
     backend = tmp_path / "negated.py"
     backend.write_text(_FAULTY_FILE)
     results = tmp_path / "results"
     sel = ("--backend-file", f"{backend}:Negated", "--backend", "negated", "--backend", "emulation")
-    run = _pytest("suites/engine/test_differential.py", *sel, "-k", "cpu-tiny-interleaved-t", "--results", str(results))
+    run = _pytest("suites/engine/test_differential.py", *sel, "-k", f"{host_arch}-tiny-interleaved-t",
+                  "--results", str(results))
     assert run.returncode == 1, run.stdout
     from mxmoe.harness.results import read_results
 
@@ -282,11 +288,11 @@ def test_plugin_records_results_and_reproducers(tmp_path):
     assert f"Replay: python -m harness replay {failing[0]['repro']}" in run.stdout
 
 
-def test_plugin_results_under_xdist_keep_every_worker(tmp_path):
+def test_plugin_results_under_xdist_keep_every_worker(tmp_path, host_arch):
     """Under ``-n 2`` each worker records into its own file, and together they hold every test."""
     results = tmp_path / "results"
     run = _pytest(
-        "suites/engine/test_differential.py", "-n", "2", "-k", "emulation-cpu-tiny and not vllm",
+        "suites/engine/test_differential.py", "-n", "2", "-k", f"emulation-{host_arch}-tiny and not vllm",
         "--results", str(results),
     )
     assert run.returncode == 0, run.stdout
@@ -298,3 +304,23 @@ def test_plugin_results_under_xdist_keep_every_worker(tmp_path):
     assert len(records) == ran > 0, (len(records), run.stdout)
     assert len({r["test_id"] for r in records}) == len(records)
     assert 1 <= len(files) <= 2, files  # one file per process that ran tests, never a shared one
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+def test_a_bound_that_is_not_finite_is_an_error_never_a_pass(bad, host_arch, host_device):
+    """A NaN compares False with everything: a NaN (or infinite) bound would pass any output at
+    that element. The harness's own failure is an ERROR, and never counted as a catch."""
+    from mxmoe.harness.bounds import reference_and_bound
+    from mxmoe.harness.engine import harness_error
+    from mxmoe.harness.inputs import make_inputs
+
+    inputs = make_inputs(CASE, host_device)
+    bounded = reference_and_bound(inputs, HonestFp32.declaration.arithmetic)
+    rigorous, probabilistic = bounded.rigorous.clone(), bounded.probabilistic.clone()
+    rigorous[2, 3] = probabilistic[2, 3] = bad
+    bounded = dataclasses.replace(bounded, rigorous=rigorous, probabilistic=probabilistic)
+    result, _ = run_case(HonestFp32(), CASE, host_arch, inputs=inputs, bounded=bounded)
+    assert result.outcome == "ERROR" and harness_error(result), result.reason
+    assert result.reason.startswith("1 of 448 elements have no finite error bound or error/bound ratio")
+    wrong, _ = run_case(Raises(), CASE, host_arch)
+    assert wrong.outcome == "ERROR" and not harness_error(wrong)  # the backend's own failure is one

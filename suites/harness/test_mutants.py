@@ -66,3 +66,15 @@ def test_the_matrix(tmp_path):
     assert rows["mutant-nameerror-at-call"]["peer_catches"]["vllm_80pct_0p3"] == 1  # an exception fails any test
 
     assert rc == 0, [r["id"] for r in rows.values() if r["verdict"] in ("MISSED", "FALSE ALARM")]
+
+
+def test_a_row_that_ran_nothing_or_met_a_harness_error_shows_nothing():
+    """No runs is not clean (nor MISSED); a harness-side ERROR is not a catch."""
+    from mxmoe.harness.mutants import BAD_VERDICTS, Row
+
+    assert Row("honest-fp32", "honest", None, "honest").verdict == "NOT RUN"
+    assert Row("mutant-x", "a fault", None, "mutant").verdict == "NOT RUN"
+    errored = Row("mutant-x", "a fault", None, "mutant", runs=2, harness_errors=1)
+    assert errored.verdict == "HARNESS ERROR" and not errored.caught
+    assert Row("mutant-x", "a fault", None, "mutant", runs=2, fails=1).verdict == "caught"
+    assert {"NOT RUN", "HARNESS ERROR", "MISSED", "FALSE ALARM"} == set(BAD_VERDICTS)

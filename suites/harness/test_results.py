@@ -22,7 +22,7 @@ FAULTY = Path(__file__).with_name("faulty_backends.py")
 ARCH = host_arch()
 FIELDS = {
     "schema", "test_id", "backend", "backend_spec", "arch", "outcome", "reason", "findings", "case_id", "case",
-    "metrics", "traceback", "seconds", "timestamp", "host", "declaration", "repro",
+    "metrics", "traceback", "seconds", "timestamp", "host", "declaration", "repro", "build",
 }  # fmt: skip
 
 
@@ -45,8 +45,8 @@ def test_records_are_appended_as_they_happen(tmp_path, honest):
         assert len(rec.path.read_text().splitlines()) == n
     records = read_results(tmp_path)
     assert [r["test_id"] for r in records] == [
-        "honest-fp32-cpu-tiny-interleaved-t1",
-        "honest-fp32-cpu-tiny-interleaved-t3",
+        f"honest-fp32-{ARCH}-tiny-interleaved-t1",
+        f"honest-fp32-{ARCH}-tiny-interleaved-t3",
     ]
     r = records[0]
     assert FIELDS <= set(r)
