@@ -2,9 +2,11 @@
 
 * ``signoff``: the main job on this machine: the oracle's self-check on built-in cases (a failure
   there stops everything: the oracle cannot be trusted here), then ``check`` of the default
-  backends over the pr profile on this host's architecture, the catalogue of faulty kernels, the
-  padding audit, ``model-check`` and GPQA of the tiny GPT-OSS through each default backend that
-  runs here, and the sign-off report built from those records (``report``).
+  backends over the pr profile on this host's architecture (on a GPU also the nightly profile's
+  gpt-oss cases, T = 1 to 4096: production kernels at production shapes), the catalogue of faulty
+  kernels, the padding audit, ``model-check`` and GPQA of the tiny GPT-OSS through each default
+  backend that runs here, and the sign-off report built from those records (``report``). What each
+  step did is written to ``signoff-steps.json``; a step that failed or did not run blocks.
 * ``bench-reference``: times the reference layer at gpt-oss shapes next to a float64 matmul.
 * ``backends``: every backend (built-in, installed entry points, files) and whether it runs here.
 * ``check``: a sweep of backends x a profile's cases in crash-proof worker processes, recorded in a
@@ -84,51 +86,111 @@ question); every other backend answers all 200 (a --limit run is judged against 
 answers alone)."""
 
 
+class StepSkipped(Exception):
+    """A sign-off step that cannot run here (a package missing); the message says why."""
+
+
 def _cmd_signoff(args: argparse.Namespace) -> int:
     """The whole sign-off on this machine; every step records into ``--results`` and the report is
     built from those records alone. A step that fails does not stop the next (the report says what
-    failed), except the oracle's self-check: an untrustworthy oracle judges nothing."""
+    failed), except the oracle's self-check: an untrustworthy oracle judges nothing. What each step
+    did (ran, skipped and why, failed with its exit status) is written to
+    ``signoff-steps.json``, which the report reads: a step that failed or did not run blocks."""
     import time
+    import traceback
 
+    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.results import stamp
     from mxmoe.harness.selfcheck import run_selfcheck
 
     start = time.perf_counter()
     results = args.results
+    os.makedirs(results, exist_ok=True)
+    manifest = os.path.join(results, "signoff-steps.json")
+    steps: list[dict] = []
 
-    def step(n: int) -> None:
-        print(f"\n[{n}/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[n - 1]} ({time.perf_counter() - start:.0f} s elapsed)\n",
-              flush=True)  # fmt: skip
+    def write_manifest() -> None:
+        with open(manifest, "w", encoding="utf-8") as f:
+            json.dump(stamp("signoff-steps") | {"steps": steps}, f, indent=1)
+
+    def step(n: int, run: Callable[[], int], makes: str | None = None) -> int:
+        """Run step ``n``; it ran when it returned a verdict status (0 or 1) and wrote ``makes``."""
+        name = SIGNOFF_STEPS[n - 1]
+        print(f"\n[{n}/{len(SIGNOFF_STEPS)}] {name} ({time.perf_counter() - start:.0f} s elapsed)\n", flush=True)
+        t0 = time.perf_counter()
+        entry: dict[str, object] = {"name": name, "status": "ran", "exit_status": None, "reason": ""}
+        before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
+        try:
+            rc = run()
+            entry["exit_status"] = rc
+            if rc not in (0, 1):
+                entry["status"], entry["reason"] = "failed", f"exited with status {rc}"
+            elif makes and (not os.path.exists(makes) or os.path.getmtime(makes) == before):
+                entry["status"], entry["reason"] = "failed", f"it did not write {makes}"
+        except StepSkipped as exc:
+            entry["status"], entry["reason"] = "skipped", str(exc)
+            print(f"{name} skipped: {exc}")
+        except SystemExit as exc:  # argparse's error exit inside a step
+            entry["status"], entry["exit_status"] = "failed", exc.code
+            entry["reason"] = f"exited with status {exc.code}"
+        except Exception as exc:
+            entry["status"], entry["reason"] = "failed", f"raised {type(exc).__name__}: {exc}"
+            print(f"{name} raised:\n{traceback.format_exc()}", file=sys.stderr)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        steps.append(entry)
+        write_manifest()
+        return int(entry["exit_status"] or 0)
 
     print(_host_line(args.device))
-    step(1)
-    print("the batched float64 reference vs its plain per-token definitions\n")
-    checks = run_selfcheck(args.device)
-    rows = [(r.name, r.cases, f"{r.worst:.2e}", f"{r.tolerance:.0e}", f"{r.seconds:.2f}",
-             "PASS" if r.passed else "FAIL", r.detail) for r in checks]  # fmt: skip
-    print(format_table(("check", "cases", "worst rel diff", "tolerance", "seconds", "verdict", "what"), rows))
-    failed = [r.name for r in checks if not r.passed]
-    print(f"\n{len(checks) - len(failed)} passed, {len(failed)} failed")
-    if failed:
+
+    def selfcheck() -> int:
+        print("the batched float64 reference vs its plain per-token definitions\n")
+        checks = run_selfcheck(args.device)
+        rows = [(r.name, r.cases, f"{r.worst:.2e}", f"{r.tolerance:.0e}", f"{r.seconds:.2f}",
+                 "PASS" if r.passed else "FAIL", r.detail) for r in checks]  # fmt: skip
+        print(format_table(("check", "cases", "worst rel diff", "tolerance", "seconds", "verdict", "what"), rows))
+        failed = [r.name for r in checks if not r.passed]
+        print(f"\n{len(checks) - len(failed)} passed, {len(failed)} failed")
+        return 1 if failed else 0
+
+    if step(1, selfcheck) != 0 or steps[-1]["status"] != "ran":
         print("the oracle is not trustworthy on this machine: no backend is judged by it\n\nverdict: BLOCKED")
         return 1
-    step(2)  # every default backend on this host's architecture, over the PR profile
-    main(["check", "--profile", "pr", "--results", results])
-    step(3)  # detection power: the catalogue of faulty kernels is caught, the honest variants are not
-    main(["mutants", "--profile", "pr", "--json", os.path.join(results, "mutants.json")])
-    step(4)
-    main(["padding", "--json", os.path.join(results, "padding.json")])
+
     here = _signoff_backends()
-    step(5)  # each default backend that runs here as the tiny GPT-OSS's MoE, every layer judged
-    _signoff_models(results, here)
-    step(6)
-    _signoff_gpqa(results, here, args.interpreter_gpqa_questions)
-    step(7)
+
+    def kernel_check() -> int:
+        """Every default backend on this host's arch over the pr profile; on a GPU, the production
+        kernels that run here also at production shapes (the nightly profile's gpt-oss cases, T = 1
+        to 4096), in one worker per GPU."""
+        rc = main(["check", "--profile", "pr", "--results", results])
+        production = _production_backends(here)
+        if host_arch() != "cpu" and not production:
+            print("\nproduction shapes: no production kernel runs here, none judged at gpt-oss shapes")
+        elif host_arch() != "cpu":
+            print(f"\nproduction shapes: {', '.join(production)} over the nightly profile's gpt-oss cases\n",
+                  flush=True)  # fmt: skip
+            workers = str(max(1, torch.cuda.device_count()))
+            rc = max(rc, main(["check", "--profile", "nightly", "-k", "gptoss", "--results", results,
+                               "--workers", workers, *(a for b in production for a in ("--backend", b))]))  # fmt: skip
+        return rc
+
+    step(2, kernel_check)
+    # detection power: the catalogue of faulty kernels is caught, the honest variants are not
+    mutants = os.path.join(results, "mutants.json")
+    step(3, lambda: main(["mutants", "--profile", "pr", "--json", mutants]), makes=mutants)
+    padding = os.path.join(results, "padding.json")
+    step(4, lambda: main(["padding", "--json", padding]), makes=padding)
+    step(5, lambda: _signoff_models(results, here))  # the tiny GPT-OSS's MoE through each backend here
+    step(6, lambda: _signoff_gpqa(results, here, args.interpreter_gpqa_questions))
     from mxmoe.reports.cli import print_verdict, run_report
 
+    print(f"\n[7/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[6]} ({time.perf_counter() - start:.0f} s elapsed)\n")
     report, files = run_report([results], os.path.join(results, "report"), policy=args.policy)
     _print_not_run(report)
     print_verdict(report, files)
-    print(f"sign-off took {time.perf_counter() - start:.0f} s")
+    print(f"sign-off took {time.perf_counter() - start:.0f} s: " + ", ".join(
+        f"{st['name']} {st['seconds']:.0f} s ({st['status']})" for st in steps))  # fmt: skip
     return 0 if report["verdict"] == "SHIP" else 1
 
 
@@ -138,6 +200,14 @@ def _signoff_backends() -> list[str]:
 
     arch = host_arch()
     return [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+
+
+def _production_backends(ids: list[str]) -> list[str]:
+    """Of ``ids``, the production kernels (``Declaration.production``; not the harness's own)."""
+    from mxmoe.harness.registry import discover
+
+    prod = {item.backend.declaration.id for item in discover() if item.backend.declaration.production}
+    return [b for b in ids if b in prod]
 
 
 def _model_packages() -> str | None:
@@ -154,8 +224,7 @@ def _signoff_models(results: str, here: list[str]) -> int:
 
     missing = _model_packages()
     if missing:
-        print(f"model-level check skipped: {missing}")
-        return 0
+        raise StepSkipped(missing)
     print(f"the tiny GPT-OSS through {', '.join(here)}\n", flush=True)
     batch = "2" if host_arch() == "cpu" else "8"
     argv = ["model-check", "--model", "tiny", "--batch", batch, "--repeats", "1", "--results", results]
@@ -174,8 +243,7 @@ def _signoff_gpqa(results: str, here: list[str], limit: int = SIGNOFF_GPQA_LIMIT
     except ImportError as exc:
         missing = missing or f"it needs lm-eval ({exc})"
     if missing:
-        print(f"GPQA skipped: {missing}")
-        return 0
+        raise StepSkipped(missing)
     slow = [b for b in here if host_arch() == "cpu" and "triton" in b]
     full = [b for b in here if b not in slow]
     status = 0
@@ -300,7 +368,7 @@ def _cmd_padding(args: argparse.Namespace) -> int:
 
 
 def _cmd_mutants(args: argparse.Namespace) -> int:
-    from mxmoe.harness.mutants import PEER_RULES, run_catalogue
+    from mxmoe.harness.mutants import BAD_VERDICTS, PEER_RULES, run_catalogue
     from mxmoe.harness.platforms import device_for, host_arch
     from mxmoe.harness.results import stamp
     from mxmoe.harness.zoo import profile_cases
@@ -355,7 +423,7 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
         "\nwith every element within the bound; vLLM 80%/0.3, triton_kernels: the cases of the same runs that those"
         "\npeers' acceptance rules reject"
     )
-    bad = [r.id for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
+    bad = [r.id for r in rows if r.verdict in BAD_VERDICTS]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(

@@ -12,8 +12,20 @@ How records are read:
 * SKIPs are listed with their reasons and never counted as passes: a backend whose records are all
   SKIPs "did not run", and if the policy requires it, that blocks.
 
-The verdict is SHIP only when no rule of the policy blocks and at least one backend was judged;
-every blocking reason is listed, not just the first.
+The verdict says no more than was computed:
+
+* **BLOCKED** where any rule of the policy blocks (every reason is listed, not just the first); a
+  sign-off step that failed or did not run (``signoff-steps*.json``) always blocks;
+* **NO PRODUCTION KERNEL JUDGED** where nothing blocks but no production kernel ran a case: only the
+  harness's own backends (``Declaration.production`` False: emulation, portable Triton) or none;
+* **SHIP** otherwise. The headline counts the production kernels judged per architecture, so a
+  SHIP always says what it covers.
+
+A test whose runs disagree (FAIL on one, PASS on another) is reported by its failing run
+(``collect``) and, under the default policy, blocks as flaky, naming its backend. A required
+backend must have run every case of the policy's profile that it declares on the arch
+(``[required] cases``), not one. A GPQA PASS counts only where the run had the power to see the
+policy's smallest drop (``[gpqa] min_drop`` at ``power``); a smaller one is UNJUDGED.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mxmoe.harness.e2e.layercheck import LAYER_TEST_ID
+from mxmoe.harness.mutants import BAD_VERDICTS
 from mxmoe.reports.collect import Collection
 from mxmoe.reports.policy import Policy
 
@@ -49,6 +62,11 @@ def _ratio(rec: dict) -> float | None:
 
 def _kind(rec: dict) -> str:
     return (rec.get("declaration") or {}).get("kind", "backend")
+
+
+def _production(rec: dict) -> bool:
+    """Whether the record's backend is a production kernel (``Declaration.production``)."""
+    return bool((rec.get("declaration") or {}).get("production", True))
 
 
 def _host_of(rec: dict) -> dict:
@@ -102,6 +120,7 @@ def _gpqa_view(g: dict) -> dict:
     pair = g.get("paired")
     return {
         "task": g["task"],
+        "dataset": g.get("dataset") or g["task"],
         "backend": g["backend"],
         "arch": (g.get("host") or {}).get("arch", ""),
         "host": (g.get("host") or {}).get("hostname"),
@@ -239,12 +258,24 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     declared: dict[str, tuple[str, ...]] = {}
     kinds: dict[str, str] = {}
+    production: dict[str, bool] = {}
     for r in collection.cases:
         declared.setdefault(r["backend"], tuple((r.get("declaration") or {}).get("archs", ())))
         kinds.setdefault(r["backend"], _kind(r))
+        production.setdefault(r["backend"], _production(r))
     for r in kernel:
         groups[(r["backend"], r["arch"])].append(r)
     gpqa = [_gpqa_view(g) for g in collection.gpqa]
+    for raw, g in zip(collection.gpqa, gpqa):  # a PASS without the power to see the policy's drop is none
+        if g["outcome"] == "PASS" and raw.get("accuracy"):
+            from mxmoe.harness.gpqa import stats
+
+            seen = stats.power_to_see(policy.gpqa_min_drop, raw["accuracy"], raw.get("paired"),
+                                      raw.get("threshold") is not None)  # fmt: skip
+            if seen < policy.gpqa_power:
+                g["outcome"] = "UNJUDGED"
+                g["reason"] = stats.underpowered(raw["accuracy"]["samples"], policy.gpqa_min_drop, seen,
+                                                 policy.gpqa_power)  # fmt: skip
     checks = [_model_check_view(m) for m in collection.model_checks]
     covered = sorted({a for _, a in groups} | {g["arch"] for g in gpqa if g["arch"]} | {m["arch"] for m in checks})
     required_archs = sorted(set(covered if "*" in policy.required_archs else ()) |
@@ -265,6 +296,8 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             "kind": kind,
             "required": policy.required(backend) and arch in required_archs and arch in declared.get(backend, ()),
             "judged": kind == "backend" and policy.blocks(backend),
+            "production": kind == "backend" and production.get(backend, True),
+            "builds": sorted({str(r.get("build")) for r in recs if r.get("build") and r["outcome"] != "SKIP"}),
             "counts": {o: counts.get(o, 0) for o in OUTCOMES},
             "worst_ratio": max(ratios) if ratios else None,
             "skip_reasons": dict(Counter(_first_line(r.get("reason", "")) for r in recs if r["outcome"] == "SKIP")),
@@ -305,13 +338,25 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             for arch in required_archs:
                 if arch not in known[backend]:
                     continue
-                ran = [r for r in groups.get((backend, arch), []) if r["outcome"] != "SKIP"]
-                if ran:
+                recs = groups.get((backend, arch), [])
+                ran = {r["test_id"] for r in recs if r["outcome"] != "SKIP"}
+                skips = Counter(_first_line(r.get("reason", "")) for r in recs if r["outcome"] == "SKIP")
+                why = "; ".join(f"{n} SKIP: {reason}" for reason, n in skips.most_common())
+                if not ran:
+                    reasons.append({"rule": "never-ran", "backend": backend, "arch": arch,
+                                    "text": f"required backend {backend} never ran on {arch} "
+                                            f"({why or 'no record on this arch'})"})  # fmt: skip
                     continue
-                skips = Counter(_first_line(r.get("reason", "")) for r in groups.get((backend, arch), []))
-                why = "; ".join(f"{n} SKIP: {reason}" for reason, n in skips.most_common()) or "no record on this arch"
-                reasons.append({"rule": "never-ran", "backend": backend, "arch": arch,
-                                "text": f"required backend {backend} never ran on {arch} ({why})"})  # fmt: skip
+                expected = _expected_cases(backend, arch, policy.required_cases)
+                if expected is None:
+                    continue
+                missing = sorted(set(expected) - ran)
+                if missing:
+                    reasons.append({"rule": "coverage", "backend": backend, "arch": arch,
+                                    "text": f"required backend {backend} ran {len(expected) - len(missing)} of the "
+                                            f"{len(expected)} {policy.required_cases} cases it declares on {arch} "
+                                            f"(not run: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+                                            f"{'; ' + why if why else ''})"})  # fmt: skip
     for arch in required_archs:
         if arch not in covered:
             reasons.append({"rule": "never-ran", "backend": "", "arch": arch,
@@ -319,7 +364,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
 
     # Rule: GPQA.
     for g in gpqa:
-        where = f"GPQA {g['task']} of {g['backend']} on {g['arch']}"
+        where = f"{g['task']} ({g['dataset']}) of {g['backend']} on {g['arch']}"
         if g["outcome"] in ("FAIL", "ERROR"):
             entry = {"rule": "gpqa", "backend": g["backend"], "arch": g["arch"],
                      "text": f"{where}: {g['outcome']}: {_first_line(g['reason'])}"}  # fmt: skip
@@ -344,7 +389,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     faults = []
     for mut in collection.mutants:
         rows_m = mut["rows"]
-        wrong = [r for r in rows_m if r["verdict"] in ("MISSED", "FALSE ALARM")]
+        wrong = [r for r in rows_m if r["verdict"] in BAD_VERDICTS]
         faults.append({
             "arch": mut["arch"],
             "profile": mut["profile"],
@@ -361,18 +406,42 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
                      "text": f"fault catalogue on {mut['arch']}: {r['id']} {r['verdict']} ({r['fault']})"}  # fmt: skip
             (reasons if policy.faults_block else warnings).append(entry)
 
-    # Flaky tests.
+    # Flaky tests: runs of one test that disagree; the failing run is the verdict (``collect``).
+    kept = {(r["test_id"], r["arch"]): r for r in collection.cases}
     for key in collection.flaky:
         runs = [*collection.history.get(tuple(key), [])]
-        outcomes = " then ".join(str(r.get("outcome")) for r in runs)
-        entry = {"rule": "flaky", "backend": "", "arch": "",
-                 "text": f"{' / '.join(map(str, key))}: runs disagree ({outcomes} before the latest)"}  # fmt: skip
-        (reasons if policy.block_flaky else warnings).append(entry)
+        now = kept.get(tuple(key))
+        every = runs + ([now] if now else [])
+        outcomes = ", ".join(f"{r.get('outcome') or r.get('passed')} on {(r.get('host') or {}).get('hostname')}"
+                             for r in every)  # fmt: skip
+        backend = now["backend"] if now else ""
+        where = f"{backend} on {key[1]}: test {key[0]}" if now else " / ".join(map(str, key))
+        entry = {"rule": "flaky", "backend": backend, "arch": key[1] if now else "",
+                 "text": f"{where}: runs disagree ({outcomes}): a kernel that is sometimes wrong"}  # fmt: skip
+        judged = now is None or (kinds.get(backend, "backend") == "backend" and policy.blocks(backend))
+        (reasons if policy.block_flaky and judged else warnings).append(entry)
+
+    # The sign-off's own steps: one that failed or did not run leaves its part of the verdict unknown.
+    steps = []
+    for manifest in collection.steps:
+        host = (manifest.get("host") or {}).get("hostname")
+        for st in manifest["steps"]:
+            steps.append(st | {"host": host, "arch": (manifest.get("host") or {}).get("arch", "")})
+            if st["status"] != "ran":
+                what = "failed" if st["status"] == "failed" else "did not run"
+                status = f" (exit status {st['exit_status']})" if st.get("exit_status") is not None else ""
+                reasons.append({"rule": "signoff-step", "backend": "", "arch": steps[-1]["arch"],
+                                "text": f"sign-off step '{st['name']}' on {host} {what}{status}: "
+                                        f"{_first_line(st.get('reason', ''))}"})  # fmt: skip
 
     judged_any = any(row["judged"] and sum(row["counts"].values()) > row["counts"]["SKIP"] for row in rows)
     if not judged_any:
         reasons.append({"rule": "nothing-judged", "backend": "", "arch": "",
                         "text": "no backend of kind 'backend' ran a single case: nothing to sign off"})  # fmt: skip
+    judged_production: dict[str, list[str]] = {arch: [] for arch in covered}
+    for row in rows:
+        if row["production"] and sum(row["counts"].values()) > row["counts"]["SKIP"]:
+            judged_production.setdefault(row["arch"], []).append(row["backend"])
 
     failures = [_failure(r, "kernel cases") for r in kernel if outcome_of(r) in BAD]
     failures += [_failure(r, "model check") for r in layer_recs if outcome_of(r) in BAD]
@@ -391,7 +460,9 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
         "schema": SCHEMA,
         "kind": "signoff",
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "verdict": "BLOCKED" if reasons else "SHIP",
+        "verdict": "",
+        "production": judged_production,
+        "steps": steps,
         "reasons": reasons,
         "warnings": warnings,
         "policy": policy.to_dict(),
@@ -424,8 +495,48 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
         ],  # fmt: skip
         "baseline": None if baseline is None else _baseline_diff(collection, baseline, policy, reasons),
     }
-    report["verdict"] = "BLOCKED" if reasons else "SHIP"
+    report["verdict"] = verdict_of(reasons, judged_production)
     return report
+
+
+NO_PRODUCTION = "NO PRODUCTION KERNEL JUDGED"
+VERDICTS = ("SHIP", "BLOCKED", NO_PRODUCTION)
+
+
+def verdict_of(reasons: list[dict], production: dict[str, list[str]]) -> str:
+    """BLOCKED where a rule blocks; else NO PRODUCTION KERNEL JUDGED where no production kernel ran a
+    case on any arch; else SHIP (module docstring)."""
+    if reasons:
+        return "BLOCKED"
+    return "SHIP" if any(production.values()) else NO_PRODUCTION
+
+
+def production_line(report: dict) -> str:
+    """The headline's count: production kernels judged per architecture."""
+    parts = []
+    for arch, backends in sorted(report.get("production", {}).items()):
+        names = ", ".join(sorted(backends)) if backends else "none"
+        parts.append(f"{arch}: {len(backends)} ({names})")
+    return "production kernels judged: " + ("; ".join(parts) if parts else "none")
+
+
+def _expected_cases(backend: str, arch: str, cases: str) -> list[str] | None:
+    """The test ids a required ``backend`` must have run on ``arch`` (``[required] cases``); None
+    where that is not known (``any``, or a backend the registry does not hold)."""
+    if cases == "any":
+        return None
+    from mxmoe.harness.engine import test_id
+    from mxmoe.harness.registry import discover
+    from mxmoe.harness.zoo import profile_cases
+
+    try:
+        found = {item.backend.declaration.id: item.backend for item in discover()}
+    except Exception:  # a broken entry point must not stop the report
+        return None
+    b = found.get(backend)
+    if b is None:
+        return None
+    return [test_id(backend, arch, c) for c in profile_cases(cases) if b.supports(c, arch) is None]
 
 
 def _registry_archs() -> dict[str, tuple[str, ...]]:

@@ -24,7 +24,10 @@ def run_report(results: list[str], out: str | Path, baseline: list[str] | None =
 
 def print_verdict(report: dict, files: dict[str, Path]) -> None:
     """The end of a report run: the verdict, every reason, the files."""
+    from mxmoe.reports.build import production_line
+
     print(f"\nverdict: {report['verdict']}")
+    print(f"  {production_line(report)}")
     for r in report["reasons"]:
         print(f"  BLOCKS {r['rule']}: {r['text']}")
     if report["warnings"]:

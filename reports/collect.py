@@ -5,8 +5,9 @@ A sign-off merges folders from CI jobs, pytest-xdist workers and GPU hosts. What
 * ``results-*.jsonl``: one case record per line (``harness.results.Recorder``);
 * ``gpqa-<task>-<backend>.json``: a GPQA run's summary (``harness.gpqa.run``); its ``-samples.jsonl``
   beside it is read only for a baseline comparison, and lm-eval's ``-results.json`` is left alone;
-* ``model-check-<backend>-<arch>.json`` (``model-check``), ``mutants*.json`` (the fault catalogue)
-  and ``padding*.json`` (the padding audit): summaries stamped by ``harness.results.stamp``.
+* ``model-check-<backend>-<arch>.json`` (``model-check``), ``mutants*.json`` (the fault catalogue),
+  ``padding*.json`` (the padding audit) and ``signoff-steps*.json`` (what each step of a
+  ``signoff`` did): summaries stamped by ``harness.results.stamp``.
 
 Reading is strict, because a report built from half a file says SHIP on evidence it does not
 have: a line that is not a whole JSON object (a file cut off mid-line, a copy that stopped short),
@@ -16,9 +17,12 @@ a record of another schema version, or a file whose records lack the fields ever
 **The reconciliation rule.** Records are keyed by (test id, arch); the test id already names the
 backend and the case. Records identical in every field (host and timestamp included) are one
 record read twice (the same folder copied into two artifacts) and count once. Otherwise they are
-runs of the same test: the latest (by timestamp; in the order written where equal) is the
-verdict, the earlier ones are kept as its history, and a key whose runs disagree (a FAIL that
-passed on rerun) is listed as flaky, never silently resolved.
+runs of the same test, and no run's clock decides between them (hosts' clocks differ, and "the
+latest run" of a kernel that is sometimes wrong is luck): the worst run is the verdict (a FAIL or
+ERROR over a PASS or XFAIL, any of those over a SKIP; among equals the last read, in the order the
+paths were given and the lines written), the others are kept as its history, and a key whose runs
+disagree (a FAIL or ERROR on one run, a PASS or XFAIL on another) is listed as flaky, never
+silently resolved.
 Summaries are keyed under the same rule: a GPQA run by (task, backend, arch, data, limit, repeats)
 (another sample of questions is another test), a model check by (backend, arch, model, planted faults), the fault
 catalogue by (arch, profile), the padding audit (computed from the declarations) by nothing.
@@ -47,6 +51,7 @@ SUMMARIES: dict[str, tuple[tuple[str, ...], Callable[[dict], tuple]]] = {
                                json.dumps(r.get("planted") or {}, sort_keys=True))),
     "mutants": (("arch", "profile", "rows"), lambda r: ("mutants", r["arch"], r["profile"], r.get("vendor"))),
     "padding": (("rows",), lambda r: ("padding",)),
+    "signoff-steps": (("steps",), lambda r: ("signoff-steps", r["host"].get("hostname"), r["timestamp"])),
 }  # fmt: skip
 
 
@@ -63,6 +68,7 @@ class Collection:
     model_checks: list[dict]
     mutants: list[dict]
     padding: dict | None
+    steps: list[dict]  # the sign-off manifests: each step ran, was skipped (and why) or failed
     history: dict[tuple[str, ...], list[dict]]  # earlier runs of a key, oldest first
     flaky: list[tuple[str, ...]]  # keys whose runs disagree on the outcome
     duplicates: int  # identical records read more than once
@@ -111,7 +117,7 @@ def read_summary(path: Path, kind: str) -> dict:
 
 
 _PATTERNS = {"gpqa": "gpqa-*.json", "model-check": "model-check-*.json", "mutants": "mutants*.json",
-             "padding": "padding*.json"}  # fmt: skip
+             "padding": "padding*.json", "signoff-steps": "signoff-steps*.json"}  # fmt: skip
 
 
 def _kind_of(path: Path) -> str | None:
@@ -142,6 +148,16 @@ def _files(path: Path) -> dict[str, list[Path]]:
     return found
 
 
+_BAD = ("FAIL", "ERROR", "False")
+_RAN = ("PASS", "XFAIL", "True")
+
+
+def _severity(rec: dict) -> int:
+    """2 for a failing run, 1 for one that ran and passed, 0 for a skip or an unjudged run."""
+    v = _verdict(rec)
+    return 2 if v in _BAD else 1 if v in _RAN else 0
+
+
 def _verdict(rec: dict) -> str:
     """What two runs of one key must agree on: the outcome (a model check's pass, the catalogue's
     verdicts row by row)."""
@@ -152,9 +168,16 @@ def _verdict(rec: dict) -> str:
     return json.dumps([r.get("verdict") for r in rec.get("rows", [])])
 
 
-def _reconcile(
-    records: list[dict], key_of: Callable[[dict], tuple], time_of: Callable[[dict], str]
-) -> tuple[list, dict, list, int]:
+def _disagree(runs: list[dict]) -> bool:
+    """Runs of one key that disagree: one failed where another passed (a SKIP on one host and a PASS
+    on another do not: one of them did not run); for the fault catalogue, any verdict differing."""
+    verdicts = {_verdict(r) for r in runs}
+    if "outcome" in runs[0] or "passed" in runs[0]:
+        return bool(verdicts & set(_BAD)) and bool(verdicts & set(_RAN))
+    return len(verdicts) > 1
+
+
+def _reconcile(records: list[dict], key_of: Callable[[dict], tuple]) -> tuple[list, dict, list, int]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     duplicates = 0
     seen: set[str] = set()
@@ -168,11 +191,11 @@ def _reconcile(
         groups[key_of(rec)].append(rec)
     kept, history, flaky = [], {}, []
     for key, runs in groups.items():
-        runs.sort(key=time_of)
-        kept.append(runs[-1])
+        worst = max(range(len(runs)), key=lambda i: (_severity(runs[i]), i))
+        kept.append(runs[worst])
         if len(runs) > 1:
-            history[key] = runs[:-1]
-            if len({_verdict(r) for r in runs}) > 1:
+            history[key] = runs[:worst] + runs[worst + 1 :]
+            if _disagree(runs):
                 flaky.append(key)
     return kept, history, flaky, duplicates
 
@@ -191,11 +214,10 @@ def collect(paths: list[str | Path]) -> Collection:
                 else:
                     summaries[kind].append(read_summary(f, kind) | {"source": str(f)})
                 sources.append(str(f))
-    cases, history, flaky, duplicates = _reconcile(case_recs, lambda r: (r["test_id"], r["arch"]),
-                                                   lambda r: r["timestamp"])  # fmt: skip
+    cases, history, flaky, duplicates = _reconcile(case_recs, lambda r: (r["test_id"], r["arch"]))
     kept: dict[str, list[dict]] = {}
     for kind, (_, key_of) in SUMMARIES.items():
-        got, h, f, d = _reconcile(summaries[kind], key_of, lambda r: r["timestamp"])
+        got, h, f, d = _reconcile(summaries[kind], key_of)
         kept[kind], duplicates = got, duplicates + d
         history.update(h)
         flaky.extend(f)
@@ -203,5 +225,5 @@ def collect(paths: list[str | Path]) -> Collection:
     kept["gpqa"].sort(key=lambda r: (r["task"], r["backend"]))
     kept["model-check"].sort(key=lambda r: (r["backend"], r["arch"]))
     padding = kept["padding"][0] if kept["padding"] else None
-    return Collection(cases, kept["gpqa"], kept["model-check"], kept["mutants"], padding, history, flaky,
-                      duplicates, sources)  # fmt: skip
+    return Collection(cases, kept["gpqa"], kept["model-check"], kept["mutants"], padding, kept["signoff-steps"],
+                      history, flaky, duplicates, sources)  # fmt: skip

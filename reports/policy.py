@@ -19,6 +19,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_FILE = Path(__file__).with_name("policy.toml")
+REQUIRED_CASES = ("pr", "nightly", "any")
+"""``[required] cases``: a profile whose cases (those the backend declares on the arch) a required
+backend must all have run, or ``any`` (one case run is enough)."""
 SCHEMA = 1
 
 
@@ -35,7 +38,10 @@ class Policy:
     block_flaky: bool
     required_backends: tuple[str, ...]
     required_archs: tuple[str, ...]
+    required_cases: str
     gpqa_block: bool
+    gpqa_min_drop: float
+    gpqa_power: float
     faults_block: bool
     model_check_block: bool
     baseline_block_accuracy_regression: bool
@@ -61,7 +67,10 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("block", "flaky"): ("block_flaky", bool),
     ("required", "backends"): ("required_backends", list),
     ("required", "archs"): ("required_archs", list),
+    ("required", "cases"): ("required_cases", str),
     ("gpqa", "block"): ("gpqa_block", bool),
+    ("gpqa", "min_drop"): ("gpqa_min_drop", float),
+    ("gpqa", "power"): ("gpqa_power", float),
     ("faults", "block"): ("faults_block", bool),
     ("model_check", "block"): ("model_check_block", bool),
     ("baseline", "block_accuracy_regression"): ("baseline_block_accuracy_regression", bool),
@@ -104,6 +113,10 @@ def _apply(values: dict[str, object], data: dict, where: str) -> None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
                     raise PolicyError(f"{where}: {table}.{key} must be a number in (0, 1), got {value!r}")
                 value = float(value)
+            elif kind is str:
+                if value not in REQUIRED_CASES:
+                    accepted = ", ".join(REQUIRED_CASES)
+                    raise PolicyError(f"{where}: {table}.{key} must be one of {accepted}, got {value!r}")
             elif not isinstance(value, kind):
                 raise PolicyError(f"{where}: {table}.{key} must be true or false, got {value!r}")
             values[name] = value

@@ -8,6 +8,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from mxmoe.harness.mutants import BAD_VERDICTS
+
 
 class PageUnavailable(ImportError):
     """matplotlib or jinja2 is missing: the page cannot be made (the other files are written)."""
@@ -62,16 +64,34 @@ def ran(row: dict) -> bool:
     return sum(c.values()) > c["SKIP"] or bool(row["gpqa"]) or row["model_check"] is not None
 
 
+def build_cell(row: dict) -> str:
+    """Which build of the kernel ran (``Result.build``), or the harness's own code."""
+    builds = row.get("builds") or []
+    if not builds:
+        return "-" if row["kind"] != "backend" or not row.get("production", True) else "not recorded"
+    return " / ".join(builds)
+
+
 def markdown(report: dict) -> str:
     """``signoff.md``: the verdict with every reason, one row per backend and arch that ran, the
     ones that did not (one line per reason, folded), faults caught, GPQA, the baseline diff and the
     first failures with their replay commands."""
-    out = [f"## MXFP4 MoE sign-off: **{report['verdict']}**", ""]
+    from mxmoe.reports.build import production_line
+
+    out = [f"## MXFP4 MoE sign-off: **{report['verdict']}**", "", production_line(report) + ".", ""]
     if report["reasons"]:
         out.append(f"Blocked by {len(report['reasons'])} reason(s):")
         out += [f"- **{r['rule']}**: {r['text']}" for r in report["reasons"]]
-    else:
+    elif report["verdict"] == "SHIP":
         out.append("Nothing blocks under the policy.")
+    else:
+        out.append("Nothing blocks under the policy, but no production kernel ran a case: not a sign-off of any "
+                   "kernel an inference engine ships.")  # fmt: skip
+    if report.get("steps"):
+        out += ["", "Sign-off steps: " + "; ".join(
+            f"{st['name']} ({st['host']}): {st['status']}" + (f" [{st['reason']}]" if st["status"] != "ran" else "")
+            + (f" {st['seconds']:.0f} s" if st.get("seconds") is not None else "")
+            for st in report["steps"])]  # fmt: skip
     if report["warnings"]:
         out += ["", f"{len(report['warnings'])} warning(s), not blocking:"]
         out += [f"- {r['rule']}: {r['text']}" for r in report["warnings"][:20]]
@@ -85,12 +105,13 @@ def markdown(report: dict) -> str:
                 f"{len(inp['flaky'])} flaky. Policy: {report['policy']['source']}.", ""]  # fmt: skip
     ran_rows = [r for r in report["rows"] if ran(r)]
     headers = ["backend", "arch", "req", "PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS", "worst err/bound",
-               "model check", "GPQA", "padding waste"]  # fmt: skip
+               "model check", "GPQA", "padding waste", "build"]  # fmt: skip
     body = [
-        [r["backend"], r["arch"], "yes" if r["required"] else "", *(str(r["counts"][o]) for o in
+        [r["backend"] + ("" if r.get("production", True) or r["kind"] != "backend" else " (harness's own)"),
+         r["arch"], "yes" if r["required"] else "", *(str(r["counts"][o]) for o in
          ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS")), ratio(r["worst_ratio"]),
          model_check_cell(r["model_check"]), "; ".join(gpqa_cell(g) for g in r["gpqa"]) or "-",
-         padding_cell(r["padding"])]
+         padding_cell(r["padding"]), build_cell(r)]
         for r in ran_rows
     ]  # fmt: skip
     out += _table(headers, body) if body else ["No backend ran a case."]
@@ -109,16 +130,18 @@ def markdown(report: dict) -> str:
         for f in report["faults"]:
             missed = [r["id"] for r in f["rows"] if r["verdict"] == "MISSED"]
             alarms = [r["id"] for r in f["rows"] if r["verdict"] == "FALSE ALARM"]
+            unshown = [f"{r['id']} ({r['verdict']})" for r in f["rows"] if r["verdict"] in ("NOT RUN", "HARNESS ERROR")]
             vendor = f", {f['vendor']}'s real kernels patched" if f.get("vendor") else ""
             out.append(f"- {f['arch']}{vendor} ({f['profile']} profile, {f['host']}): "
                        f"{f['caught']}/{f['faults']} faults caught, {f['clean']}/{f['honest']} honest variants clean"
                        + (f"; MISSED: {', '.join(missed)}" if missed else "")
-                       + (f"; FALSE ALARM: {', '.join(alarms)}" if alarms else ""))  # fmt: skip
+                       + (f"; FALSE ALARM: {', '.join(alarms)}" if alarms else "")
+                       + (f"; shown nothing: {', '.join(unshown)}" if unshown else ""))  # fmt: skip
     if report["gpqa"]:
         out += ["", "GPQA:", ""]
         out += _table(["task", "backend", "arch", "samples", "accuracy [95% CI]", "threshold", "paired vs baseline",
                        "verdict"], [
-            [g["task"], g["backend"], g["arch"], str(g["samples"] or "-"),
+            [f"{g['task']}: {g['dataset']}", g["backend"], g["arch"], str(g["samples"] or "-"),
              "-" if g["accuracy"] is None else f"{g['accuracy']:.3f} [{g['low']:.3f}, {g['high']:.3f}]",
              "-" if g["threshold"] is None else f"{g['threshold']:.3f}",
              "-" if not g["paired"] else f"{g['baseline']}: {g['paired']['difference']:+.3f}, McNemar p = "
@@ -165,7 +188,8 @@ def junit(report: dict) -> str:
         el = ET.SubElement(suites[suite], "testcase", classname=suite, name=name, time=f"{seconds or 0:.3f}")
         st = stats[suite]
         st["tests"] += 1
-        if outcome in ("FAIL", "XPASS", "BLOCKED", "MISSED", "FALSE ALARM"):
+        if outcome in ("FAIL", "XPASS", "BLOCKED", "MISSED", "FALSE ALARM", "NOT RUN", "HARNESS ERROR",
+                       "NO PRODUCTION KERNEL JUDGED"):  # fmt: skip
             ET.SubElement(el, "failure", message=f"{outcome}: {message}"[:1000], type=outcome).text = message
             st["failures"] += 1
         elif outcome == "ERROR":
@@ -184,8 +208,11 @@ def junit(report: dict) -> str:
              f"first failing layer {m['first_failure']}" if not m["passed"] else "")  # fmt: skip
     for f in report["faults"]:
         for r in f["rows"]:
-            case("signoff", f"faults-{f['arch']}-{r['id']}", r["verdict"] if r["verdict"] in ("MISSED", "FALSE ALARM")
+            case("signoff", f"faults-{f['arch']}-{r['id']}", r["verdict"] if r["verdict"] in BAD_VERDICTS
                  else "PASS", r["fault"])  # fmt: skip
+    for st in report.get("steps", []):
+        case("signoff", f"step-{st['host']}-{st['name'].replace(' ', '-')}",
+             {"ran": "PASS", "skipped": "FAIL", "failed": "ERROR"}[st["status"]], st.get("reason", ""))
     by_id = {f["test_id"]: f for f in report["failures"]}
     for c in report["cases"]:
         message = c["reason"]

@@ -107,8 +107,9 @@ def _cmd_gpqa(args: argparse.Namespace) -> int:
         raise UsageError(f"--task {task}: a chat server serves the chain-of-thought form only (gpqa_*_cot); the "
                          "log-likelihood form needs the model in this process")  # fmt: skip
     out = Path(args.results)
-    print(f"gpqa: {task} over {spec.data} ({n_rows} questions, {args.limit or n_rows} used, {spec.repeats} "
-          f"repeat(s))" + (f", effort {spec.effort}, max {spec.max_tokens} tokens" if spec.form == "cot" else ""),
+    print(f"gpqa: {task} over {spec.data}: {spec.dataset} ({n_rows} questions, {args.limit or n_rows} used, "
+          f"{spec.repeats} repeat(s))"
+          + (f", effort {spec.effort}, max {spec.max_tokens} tokens" if spec.form == "cot" else ""),
           flush=True)  # fmt: skip
     if server:
         try:

@@ -60,8 +60,17 @@ class Spec:
     def lm_eval_task(self) -> str:
         return f"mxmoe_{self.task}"
 
+    @property
+    def dataset(self) -> str:
+        """What the questions are, in words: the tiny fixture's generated task (a folder holding its
+        ``fixture.json``) is a synthetic task in GPQA's format, never GPQA itself."""
+        if (Path(self.data).parent / "fixture.json").is_file():
+            return f"synthetic GPQA-format task ({Path(self.data).name}, the tiny fixture's; not GPQA {self.variant})"
+        return f"GPQA {self.variant}"
+
     def describe(self) -> dict:
-        return {"task": self.task, "data": self.data.name, "data_sha256": sha256(self.data), "repeats": self.repeats,
+        return {"task": self.task, "dataset": self.dataset, "data": self.data.name, "data_sha256": sha256(self.data),
+                "repeats": self.repeats,
                 "limit": self.limit, "effort": self.effort if self.form == "cot" else None,
                 "max_tokens": self.max_tokens if self.form == "cot" else None,
                 "temperature": self.temperature if self.form == "cot" else None}  # fmt: skip
@@ -125,9 +134,8 @@ def paths(out: Path, task: str, label: str) -> dict[str, Path]:
 
 
 def write(out: Path, spec: Spec, label: str, summary: dict, lm_eval: dict | None, recs: list[dict] | None) -> Path:
-    """Write a run's files (an ERROR run has only its summary); returns the summary's path."""
-    from lm_eval.utils import handle_non_serializable
-
+    """Write a run's files (an ERROR run has only its summary); returns the summary's path. Needs no
+    lm-eval: its results are written with numpy values as lists and anything else as text."""
     out.mkdir(parents=True, exist_ok=True)
     p = paths(out, spec.task, label)
     for key in ("samples", "lm_eval"):
@@ -135,9 +143,18 @@ def write(out: Path, spec: Spec, label: str, summary: dict, lm_eval: dict | None
     if recs is not None:
         p["samples"].write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     if lm_eval is not None:
-        p["lm_eval"].write_text(json.dumps(lm_eval, indent=1, default=handle_non_serializable) + "\n")
+        p["lm_eval"].write_text(json.dumps(lm_eval, indent=1, default=_plain) + "\n")
     p["summary"].write_text(json.dumps(summary, indent=1) + "\n")
     return p["summary"]
+
+
+def _plain(value: object) -> object:
+    """What json cannot write of lm-eval's results: numpy scalars and arrays, sets, the rest as text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
 
 
 def read_baseline(where: Path, task: str) -> tuple[str, list[dict]]:

@@ -33,9 +33,18 @@ the whole question set it was set on: a run of a sample (``--limit``) is judged 
   judges (the point estimate, not the interval); or the exact McNemar test against the baseline
   rejects equal accuracy at alpha = 0.05, two-sided (a kernel that changes which questions the
   model gets right, in either direction, is not the model the baseline is).
-* PASS: at least one of those checks applied and none failed.
-* UNJUDGED: neither a threshold nor a baseline applies; the numbers are reported, nothing is
-  concluded.
+* PASS: at least one of those checks applied, none failed, and the run had the power to see the
+  smallest drop it guards against (``MIN_DROP`` at ``POWER``; ``power_to_see``): a run of a few
+  questions that "passes" because it cannot fail is UNJUDGED, with its power.
+* UNJUDGED: neither a threshold nor a baseline applies, or the run was too small to see a drop of
+  ``MIN_DROP``; the numbers are reported, nothing is concluded.
+
+**Power.** Against a baseline, the exact McNemar test of the paired samples (normal approximation,
+Connor 1987): with n samples and a discordant share psi, a true drop of delta is rejected at alpha
+with power Phi((delta sqrt(n) - z_{1-alpha/2} sqrt(psi)) / sqrt(psi - delta^2)), psi taken as the
+run's own discordant share but never below delta (a drop of delta needs that many discordant
+samples at least). Against a threshold alone, the point estimate's spread at its effective sample
+size: power Phi(delta / SE - z_{1-alpha}). The larger of the checks that apply is the run's power.
 """
 
 from __future__ import annotations
@@ -46,6 +55,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 ALPHA = 0.05
+MIN_DROP = 0.05
+"""The smallest accuracy drop a GPQA PASS must have been able to see (5 points) ..."""
+POWER = 0.8
+"""... with this power; the policy's ``gpqa.min_drop`` and ``gpqa.power`` default to these."""
 MARGIN = 0.05
 """vLLM's allowance below the published accuracy."""
 
@@ -163,8 +176,30 @@ def threshold(model: str | None, variant: str, form: str, effort: str) -> tuple[
     return published - MARGIN, f"published {model} GPQA-diamond at {effort} effort {published:.3f} - {MARGIN}"
 
 
-def verdict(acc: Accuracy | None, bar: tuple[float, str] | None, pair: Paired | None, error: str | None = None
-            ) -> tuple[str, str]:  # fmt: skip
+def power_to_see(drop: float, acc: dict | Accuracy, pair: dict | Paired | None, thresholded: bool) -> float:
+    """The power (module docstring) of a run with accuracy ``acc`` (and its paired comparison
+    ``pair``, where there is a baseline; ``thresholded`` where a threshold applies) to see a true
+    accuracy drop of ``drop``. 0 where no check applies."""
+    from scipy.stats import norm
+
+    a = acc if isinstance(acc, dict) else dataclasses.asdict(acc)
+    p = pair if isinstance(pair, dict) or pair is None else dataclasses.asdict(pair)
+    best = 0.0
+    if p is not None and p.get("samples"):
+        n = int(p["samples"])
+        psi = max((int(p["baseline_only"]) + int(p["backend_only"])) / n, drop)
+        z = (drop * math.sqrt(n) - float(norm.ppf(1 - ALPHA / 2)) * math.sqrt(psi)) / math.sqrt(psi - drop**2)
+        best = max(best, float(norm.cdf(z)))
+    if thresholded and a.get("samples"):
+        n_eff = int(a["samples"]) / max(float(a.get("design_effect") or 1.0), 1.0)
+        q = min(max(float(a["accuracy"]), 1 / (n_eff + 1)), 1 - 1 / (n_eff + 1))  # a spread even at 0% or 100%
+        se = math.sqrt(q * (1 - q) / n_eff)
+        best = max(best, float(norm.cdf(drop / se - float(norm.ppf(1 - ALPHA)))))
+    return best
+
+
+def verdict(acc: Accuracy | None, bar: tuple[float, str] | None, pair: Paired | None, error: str | None = None,
+            drop: float = MIN_DROP, power: float = POWER) -> tuple[str, str]:  # fmt: skip
     """(outcome, reason) by the rule of the module docstring."""
     if error is not None:
         return "ERROR", error
@@ -185,4 +220,13 @@ def verdict(acc: Accuracy | None, bar: tuple[float, str] | None, pair: Paired | 
         return "FAIL", "; ".join(fails)
     if not checks:
         return "UNJUDGED", "no threshold for this model, data and form, and no baseline"
-    return "PASS", "within " + " and ".join(checks)
+    seen = power_to_see(drop, acc, pair, bar is not None)
+    if seen < power:
+        return "UNJUDGED", underpowered(acc.samples, drop, seen, power)
+    return "PASS", "within " + " and ".join(checks) + f" (power {seen:.2f} to see a drop of {drop:.2f})"
+
+
+def underpowered(samples: int, drop: float, seen: float, power: float) -> str:
+    """The reason of a run too small to judge (one wording for the run and the report)."""
+    return (f"too few samples to judge: {samples} samples would see a drop of {drop:.2f} with power {seen:.2f} "
+            f"(< {power}); nothing is concluded")

@@ -85,7 +85,9 @@ def test_thresholds():
 def test_verdict_rule():
     good = stats.accuracy(recs([1] * 30 + [0] * 10))
     bar = (0.7, "test")
-    assert stats.verdict(good, bar, None)[0] == "PASS"
+    outcome, reason = stats.verdict(good, bar, None)  # 40 samples cannot see a 5-point drop
+    assert outcome == "UNJUDGED" and reason.startswith("too few samples to judge: 40 samples")
+    assert stats.verdict(good, bar, None, drop=0.3)[0] == "PASS"  # they can see a 30-point one
     assert stats.verdict(good, (0.8, "test"), None)[0] == "FAIL"
     assert stats.verdict(good, None, None)[0] == "UNJUDGED"
     differs = stats.paired(recs([1] * 40), recs([1] * 30 + [0] * 10))
@@ -93,4 +95,8 @@ def test_verdict_rule():
     assert outcome == "FAIL" and "McNemar" in reason
     better = stats.paired(recs([1] * 30 + [0] * 10), recs([1] * 40))  # either direction is a difference
     assert stats.verdict(good, None, better)[0] == "FAIL"
+    many = stats.accuracy(recs([1] * 180 + [0] * 20))  # 200 samples, the baseline's answers: power enough
+    same = stats.paired(recs([1] * 180 + [0] * 20), recs([1] * 180 + [0] * 20))
+    outcome, reason = stats.verdict(many, None, same)
+    assert outcome == "PASS" and "power 0.89 to see a drop of 0.05" in reason
     assert stats.verdict(None, bar, None, error="server died") == ("ERROR", "server died")

@@ -99,8 +99,10 @@ def test_portable_triton_is_not_different_from_the_oracle(tmp_path, profile):
     s = summary(tmp_path, "portable-triton")
     if s["outcome"] == "ERROR" and "cannot run here" in s["reason"]:
         pytest.skip(s["reason"])
-    assert status == 0 and s["outcome"] == "PASS" and not s["paired"]["differs"]
+    assert status == 0 and not s["paired"]["differs"]
     assert s["paired"]["agreement"] > 0.97 and s["accuracy"]["samples"] == (8 if limit else 200)
+    # 8 questions cannot see a 5-point drop: the pr profile's run is UNJUDGED, never PASS
+    assert s["outcome"] == ("UNJUDGED" if limit else "PASS"), s["reason"]
 
 
 def test_missing_data_file_fails_clearly_and_writes_nothing(tmp_path, capsys):

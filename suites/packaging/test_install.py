@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DESIGN_FOLDERS = ("harness", "reference", "kernels", "reports")
 
 
-def _run(code: str, cwd: Path, env_path: str | None = None, timeout: float = 300) -> str:
+def _run(code: str, cwd: Path, env_path: str | None = None, timeout: float = 300, status: int | None = 0) -> str:
+    """``python -c code`` in ``cwd``; its output, once it exited with ``status`` (None: any)."""
     env = dict(os.environ)
     if env_path is None:
         env.pop("PYTHONPATH", None)
@@ -26,7 +27,8 @@ def _run(code: str, cwd: Path, env_path: str | None = None, timeout: float = 300
         env["PYTHONPATH"] = env_path
     cmd = [sys.executable, "-c", code]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"python -c failed in {cwd}:\n{proc.stdout}\n{proc.stderr}"
+    said = f"python -c exited {proc.returncode} in {cwd}:\n{proc.stdout}\n{proc.stderr}"
+    assert status is None or proc.returncode == status, said
     return proc.stdout.strip()
 
 
@@ -76,15 +78,32 @@ def test_import_from_an_install(installed: Path, tmp_path: Path):
 
 def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path, profile: str):
     """The whole main job from an install, ending with the report built from the package's own
-    policy and page template; the pr profile leaves out GPQA under Triton's CPU interpreter (the
-    slowest step, about 4 of its 8 minutes on 2 cores), nightly runs it as ./dev signoff does."""
+    policy and page template. On a CPU only the harness's own backends run, so the verdict is NO
+    PRODUCTION KERNEL JUDGED (exit status 1), never SHIP; every step ran and says so. The pr profile
+    leaves out GPQA under Triton's CPU interpreter (the slowest step, about 4 of its 8 minutes on 2
+    cores), nightly runs it as ./dev signoff does."""
+    from mxmoe.harness.platforms import host_arch
+
+    if host_arch() != "cpu" and profile == "pr":
+        pytest.skip("on a GPU host the sign-off judges the production kernels at gpt-oss shapes (minutes): "
+                    "under --profile nightly, or `python -m harness signoff --device cuda`")  # fmt: skip
     argv = ["signoff"] + (["--interpreter-gpqa-questions", "0"] if profile == "pr" else [])
     code = f"import sys; from mxmoe.harness.cli import main; sys.exit(main({argv!r}))"
-    out = _run(code, tmp_path, str(installed), timeout=1800)
+    out = _run(code, tmp_path, str(installed), timeout=1800, status=None if host_arch() != "cpu" else 1)
     assert "0 failed" in out and "recorded: results/mutants.json" in out
-    assert "verdict: SHIP" in out, out[-3000:]
+    import json
+
+    report = json.loads((tmp_path / "results" / "report" / "signoff.json").read_text())
+    steps = json.loads((tmp_path / "results" / "signoff-steps.json").read_text())["steps"]
+    assert [st["name"] for st in steps] == ["oracle self-check", "kernel check", "fault catalogue", "padding audit",
+                                            "model check", "GPQA"]  # fmt: skip
+    if host_arch() == "cpu":
+        assert all(st["status"] == "ran" for st in steps), steps
+        assert report["verdict"] == "NO PRODUCTION KERNEL JUDGED", out[-3000:]
+        assert "verdict: NO PRODUCTION KERNEL JUDGED" in out
+        assert "production kernels judged: cpu: 0 (none)" in out
     page = (tmp_path / "results" / "report" / "signoff.html").read_text()
-    assert "SHIP" in page and page.count("data:image/png;base64,") == 5
+    assert report["verdict"] in page and page.count("data:image/png;base64,") == 5
 
 
 def test_import_from_a_checkout():
@@ -97,7 +116,12 @@ def test_import_from_a_checkout():
 def test_hugging_face_kernels_still_imports(where: str, installed: Path, tmp_path: Path):
     """``import kernels`` gives Hugging Face's package, also from the repository root (where our
     ``kernels/`` folder is on sys.path first) and beside an install of this project."""
-    pytest.importorskip("kernels", reason="Hugging Face's kernels package is not installed (pip install kernels)")
+    from importlib import metadata
+
+    try:  # by its distribution: from the root, `import kernels` finds this project's kernels/ folder
+        metadata.version("kernels")
+    except metadata.PackageNotFoundError:
+        pytest.skip("Hugging Face's kernels package is not installed (pip install kernels)")
     cwd, path = (ROOT, None) if where == "checkout-root" else (tmp_path, str(installed))
     out = _run(
         "import kernels, mxmoe.reference.mxfp4 as ours; print(kernels.__file__);"

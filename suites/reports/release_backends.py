@@ -58,6 +58,15 @@ class KnownBug(TorchMoE):
             out.mul_(3)
 
 
+class HonestOutside(TorchMoE):
+    """An honest production kernel from outside the project (fp32 GEMMs, bf16 intermediate)."""
+
+    declaration = _declare("honest-outside-kernel", "honest: fp32 GEMMs, bf16 between them")
+
+    def provenance(self) -> str | None:
+        return "outside-moe 1.2.3 (wheel)"
+
+
 class NeedsVendor(TorchMoE):
     """Its vendor package is missing on every host: SKIP everywhere."""
 

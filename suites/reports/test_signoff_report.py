@@ -23,6 +23,7 @@ from mxmoe.harness.cli import main
 from mxmoe.harness.e2e.tiny import TINY_DIR
 from mxmoe.harness.engine import run_case
 from mxmoe.harness.gpqa import run as gpqa_run
+from mxmoe.harness.platforms import host_arch
 from mxmoe.harness.registry import load_spec
 from mxmoe.harness.results import Recorder, save_repro
 from mxmoe.reports.cli import run_report
@@ -31,12 +32,17 @@ from mxmoe.reports.policy import PolicyError, load_policy
 
 HERE = Path(__file__).parent
 CASES = [make_case("tiny", t) for t in (1, 3, 7)]
-QUESTIONS = 40
+QUESTIONS = 200
+"""The tiny fixture's question count: enough to see a 5-point drop against the oracle's answers."""
+ARCH = host_arch()
+"""Records are made where the suite runs (run_case on this host's arch)."""
 
 
 def backend(name: str) -> object:
     if name == "emulation":
         return load_spec("mxmoe.kernels.emulation:Emulation")
+    if name == "portable-triton":
+        return load_spec("mxmoe.kernels.portable_triton:PortableTriton")
     return load_spec(f"{HERE / 'release_backends.py'}:{name}")
 
 
@@ -44,7 +50,7 @@ def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
     """What ``check`` does for each case: run it, keep a reproducer of a FAIL or ERROR, record it."""
     rec = Recorder(folder)
     for case in cases:
-        result, inputs = run_case(loaded.backend, case, "cpu")
+        result, inputs = run_case(loaded.backend, case, ARCH)
         repro = None
         if result.outcome in ("FAIL", "ERROR") and inputs is not None:
             repro = save_repro(folder, result, inputs, loaded.spec)
@@ -57,14 +63,15 @@ def gpqa(folder: Path, label: str, wrong: set[int], baseline: tuple[str, list[di
     recs = [{"question_id": f"q{i:02d}", "repeat": 0, "permutation": [0, 1, 2, 3], "answer": "A",
              "extracted": "B" if i in wrong else "A", "correct": i not in wrong} for i in range(QUESTIONS)]  # fmt: skip
     summary = gpqa_run.summarize(spec, label, recs, model="tiny", bar=(0.7, "the test's bar"), baseline=baseline,
-                                 seconds=1.0, extra={"arch": "cpu"})  # fmt: skip
+                                 seconds=1.0, extra={"arch": ARCH})  # fmt: skip
     gpqa_run.write(folder, spec, label, summary, None, recs)
     return recs
 
 
-def policy_file(tmp: Path, required: list[str]) -> Path:
+def policy_file(tmp: Path, required: list[str], cases: str = "any") -> Path:
+    """A policy requiring ``required``; ``cases`` "any": a required backend's 3 tiny cases suffice."""
     path = tmp / "policy.toml"
-    path.write_text(f"[required]\nbackends = {json.dumps(required)}\n")
+    path.write_text(f"[required]\nbackends = {json.dumps(required)}\ncases = {json.dumps(cases)}\n")
     return path
 
 
@@ -91,7 +98,7 @@ def test_every_problem_lands_where_it_belongs_and_blocks_with_its_reason(release
     report, files = run_report([str(release)], tmp_path / "out", policy=str(policy))
     assert report["verdict"] == "BLOCKED"
     rows = {(r["backend"], r["arch"]): r for r in report["rows"]}
-    counts = {b: rows[(b, "cpu")]["counts"] for b, _ in rows}
+    counts = {b: rows[(b, ARCH)]["counts"] for b, _ in rows}
     assert counts["emulation"] == {"PASS": 3, "FAIL": 0, "ERROR": 0, "SKIP": 0, "XFAIL": 0, "XPASS": 0}
     assert counts["wrongsign-kernel"]["FAIL"] == 1 and counts["wrongsign-kernel"]["PASS"] == 2
     assert counts["raising-kernel"]["ERROR"] == 1
@@ -103,14 +110,15 @@ def test_every_problem_lands_where_it_belongs_and_blocks_with_its_reason(release
         by_rule.setdefault(r["rule"], []).append(r["text"])
     assert sorted(by_rule) == ["failure", "gpqa", "never-ran", "xpass"]
     fails = " | ".join(by_rule["failure"])
-    assert "wrongsign-kernel on cpu: 1 FAIL, 0 ERROR of 3 cases" in fails and "exceed the error bound" in fails
-    assert "raising-kernel on cpu: 0 FAIL, 1 ERROR of 3 cases" in fails
-    assert by_rule["xpass"] == ["known-bug-kernel on cpu: 1 XPASS of a strict xfail (the declared bug no longer "
+    assert f"wrongsign-kernel on {ARCH}: 1 FAIL, 0 ERROR of 3 cases" in fails and "exceed the error bound" in fails
+    assert f"raising-kernel on {ARCH}: 0 FAIL, 1 ERROR of 3 cases" in fails
+    assert by_rule["xpass"] == [f"known-bug-kernel on {ARCH}: 1 XPASS of a strict xfail (the declared bug no longer "
                                 "shows: update the declaration)"]  # fmt: skip
     assert by_rule["never-ran"] == [
-        "required backend needs-vendor-kernel never ran on cpu (3 SKIP: needs-vendor-kernel cannot run here: "
+        f"required backend needs-vendor-kernel never ran on {ARCH} (3 SKIP: needs-vendor-kernel cannot run here: "
         "needs-vendor-kernel needs the package 'vendor_moe' (pip: vendor-moe))"]  # fmt: skip
-    assert len(by_rule["gpqa"]) == 1 and "GPQA gpqa_diamond_mc of wrongsign-kernel on cpu: FAIL" in by_rule["gpqa"][0]
+    assert len(by_rule["gpqa"]) == 1 and f"of wrongsign-kernel on {ARCH}: FAIL" in by_rule["gpqa"][0]
+    assert "synthetic GPQA-format task" in by_rule["gpqa"][0]  # the tiny fixture's task is never called GPQA
     assert "McNemar" in by_rule["gpqa"][0]
     # the planted model check is the harness's control, not the release's: a warning, not a reason
     assert any(w["rule"] == "model-check" and "first failing layer 2" in w["text"] for w in report["warnings"])
@@ -121,11 +129,12 @@ def test_every_problem_lands_where_it_belongs_and_blocks_with_its_reason(release
 
     # every FAIL and ERROR is listed with its message and a replay command that finds its reproducer
     listed = {f["test_id"]: f for f in report["failures"]}
-    fail, error = listed["wrongsign-kernel-cpu-tiny-interleaved-t7"], listed["raising-kernel-cpu-tiny-interleaved-t3"]
+    fail = listed[f"wrongsign-kernel-{ARCH}-tiny-interleaved-t7"]
+    error = listed[f"raising-kernel-{ARCH}-tiny-interleaved-t3"]
     assert fail["outcome"] == "FAIL" and error["outcome"] == "ERROR" and "illegal memory access" in error["reason"]
     for f in (fail, error):
         assert f["replay"].startswith("python -m harness replay ") and Path(f["replay"].split()[-1]).is_file()
-    assert listed["known-bug-kernel-cpu-tiny-interleaved-t1"]["outcome"] == "XPASS"
+    assert listed[f"known-bug-kernel-{ARCH}-tiny-interleaved-t1"]["outcome"] == "XPASS"
     assert any(f["where"] == "model check" and f["test_id"].endswith("-layer2") for f in report["failures"])
 
     # the views say the same: Markdown short enough for a PR comment, JSON with its schema, JUnit
@@ -133,30 +142,117 @@ def test_every_problem_lands_where_it_belongs_and_blocks_with_its_reason(release
     assert md.startswith("## MXFP4 MoE sign-off: **BLOCKED**") and len(md) < 65536
     for r in report["reasons"]:
         assert r["text"] in md
-    assert "needs-vendor-kernel (cpu): 3 SKIP" in md
+    assert f"needs-vendor-kernel ({ARCH}): 3 SKIP" in md
     data = json.loads(files["json"].read_text())
     assert data["schema"] == 1 and data["verdict"] == "BLOCKED"
     suites = {s.get("name"): s for s in ET.parse(files["junit"]).getroot()}
     assert suites["signoff"].find("testcase[@name='verdict']/failure") is not None
-    assert suites["wrongsign-kernel.cpu"].get("failures") == "1"
-    assert suites["raising-kernel.cpu"].get("errors") == "1"
-    assert suites["needs-vendor-kernel.cpu"].get("skipped") == "3"
-    known = suites["known-bug-kernel.cpu"]
+    assert suites[f"wrongsign-kernel.{ARCH}"].get("failures") == "1"
+    assert suites[f"raising-kernel.{ARCH}"].get("errors") == "1"
+    assert suites[f"needs-vendor-kernel.{ARCH}"].get("skipped") == "3"
+    known = suites[f"known-bug-kernel.{ARCH}"]
     assert known.get("failures") == "1" and known.get("skipped") == "1"  # its XPASS and its XFAIL
 
 
-def test_an_all_green_release_ships_and_the_default_policy_needs_portable_triton(tmp_path):
-    folder = tmp_path / "green"
-    record_cases(folder, backend("emulation"))
+def _green(folder: Path, names: tuple[str, ...]) -> None:
+    """A release where every backend of ``names`` passes its cases and GPQA."""
     oracle = gpqa(folder, "oracle", wrong={5})
-    gpqa(folder, "emulation", wrong={5}, baseline=("oracle", oracle))
-    report, _ = run_report([str(folder)], tmp_path / "out", policy=str(policy_file(tmp_path, ["emulation"])))
+    for name in names:
+        loaded = backend(name)
+        record_cases(folder, loaded)
+        gpqa(folder, loaded.backend.declaration.id, wrong={5}, baseline=("oracle", oracle))
+
+
+def test_the_harness_own_backends_alone_are_no_production_sign_off(tmp_path):
+    """emulation and portable Triton pass everything, and still the verdict is not SHIP: no kernel an
+    inference engine ships was judged; the report says so and the command exits non-zero."""
+    _green(tmp_path / "own", ("emulation", "portable-triton"))
+    policy = str(policy_file(tmp_path, ["emulation", "portable-triton"]))
+    report, files = run_report([str(tmp_path / "own")], tmp_path / "out", policy=policy)
+    assert report["reasons"] == [] and report["verdict"] == "NO PRODUCTION KERNEL JUDGED"
+    assert report["production"] == {ARCH: []}
+    assert files["md"].read_text().startswith("## MXFP4 MoE sign-off: **NO PRODUCTION KERNEL JUDGED**\n\n"
+                                              f"production kernels judged: {ARCH}: 0 (none).")  # fmt: skip
+    assert main(["report", str(tmp_path / "own"), "--out", str(tmp_path / "out2"), "--policy", policy]) == 1
+
+
+def test_one_honest_production_backend_beside_them_ships(tmp_path):
+    _green(tmp_path / "green", ("emulation", "portable-triton", "HonestOutside"))
+    policy = str(policy_file(tmp_path, ["emulation", "portable-triton"]))
+    report, files = run_report([str(tmp_path / "green")], tmp_path / "out", policy=policy)
     assert report["verdict"] == "SHIP" and report["reasons"] == []
-    # the documented default requires portable Triton too on a CPU, which these results lack
-    default, _ = run_report([str(folder)], tmp_path / "out-default")
-    assert default["verdict"] == "BLOCKED"
-    assert [r["text"] for r in default["reasons"]] == [
-        "required backend portable-triton never ran on cpu (no record on this arch)"]  # fmt: skip
+    assert report["production"] == {ARCH: ["honest-outside-kernel"]}
+    md = files["md"].read_text()
+    assert f"production kernels judged: {ARCH}: 1 (honest-outside-kernel)" in md
+    (row,) = [r for r in report["rows"] if r["backend"] == "honest-outside-kernel"]
+    assert row["builds"] == ["outside-moe 1.2.3 (wheel)"] and "outside-moe 1.2.3 (wheel)" in md  # the build that ran
+    assert main(["report", str(tmp_path / "green"), "--out", str(tmp_path / "out2"), "--policy", policy]) == 0
+
+
+def test_a_required_backend_must_have_run_every_profile_case_it_declares(tmp_path):
+    """One tiny case of emulation is not the pr profile: under the default policy (``cases = "pr"``)
+    the missing cases block, named."""
+    record_cases(tmp_path / "r", backend("HonestOutside"), CASES[:1])
+    record_cases(tmp_path / "r", backend("emulation"), CASES[:1])
+    path = tmp_path / "policy.toml"
+    path.write_text('[required]\nbackends = ["emulation"]\n')
+    report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(path))
+    (cov,) = [r for r in report["reasons"] if r["rule"] == "coverage"]
+    from mxmoe.harness.zoo import profile_cases
+
+    n = len(profile_cases("pr"))
+    assert cov["text"].startswith(f"required backend emulation ran 1 of the {n} pr cases it declares on {ARCH} "
+                                  "(not run: emulation-")  # fmt: skip
+    assert report["verdict"] == "BLOCKED"
+
+
+def test_runs_that_disagree_block_as_flaky_whichever_came_last(tmp_path):
+    """FAIL in one folder, PASS in a later one (by the clock and by the order given): the failing run is
+    the verdict and the test blocks as flaky, naming its backend."""
+    wrong = backend("WrongSignAt7")
+    record_cases(tmp_path / "first", wrong, CASES[2:])
+    wrong.backend.broken = False
+    record_cases(tmp_path / "later", wrong, CASES[2:])
+    record_cases(tmp_path / "later", backend("HonestOutside"))
+    policy = str(policy_file(tmp_path, []))
+    for order in (("first", "later"), ("later", "first")):
+        report, _ = run_report([str(tmp_path / f) for f in order], tmp_path / "out", policy=policy)
+        assert report["verdict"] == "BLOCKED"
+        flaky = [r for r in report["reasons"] if r["rule"] == "flaky"]
+        assert [r["backend"] for r in flaky] == ["wrongsign-kernel"], report["reasons"]
+        assert f"test wrongsign-kernel-{ARCH}-tiny-interleaved-t7: runs disagree (" in flaky[0]["text"]
+        (row,) = [r for r in report["rows"] if r["backend"] == "wrongsign-kernel"]
+        assert row["counts"]["FAIL"] == 1 and row["counts"]["PASS"] == 0
+
+
+def test_a_sign_off_whose_catalogue_step_crashed_does_not_ship(tmp_path):
+    from mxmoe.harness.results import stamp
+
+    _green(tmp_path / "r", ("emulation", "HonestOutside"))
+    steps = [{"name": "kernel check", "status": "ran", "exit_status": 0, "reason": "", "seconds": 1.0},
+             {"name": "fault catalogue", "status": "failed", "exit_status": None,
+              "reason": "raised RuntimeError: CUDA error: an illegal memory access", "seconds": 2.0},
+             {"name": "GPQA", "status": "skipped", "exit_status": None, "reason": "it needs lm-eval", "seconds": 0.0}]
+    (tmp_path / "r" / "signoff-steps.json").write_text(json.dumps(stamp("signoff-steps") | {"steps": steps}))
+    report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    assert report["verdict"] == "BLOCKED"
+    texts = [r["text"] for r in report["reasons"] if r["rule"] == "signoff-step"]
+    assert len(texts) == 2 and "'fault catalogue'" in texts[0] and "failed" in texts[0] and "illegal memory" in texts[0]
+    assert "'GPQA'" in texts[1] and "did not run" in texts[1] and "lm-eval" in texts[1]
+
+
+def test_an_underpowered_gpqa_pass_is_unjudged(tmp_path):
+    record_cases(tmp_path / "r", backend("HonestOutside"))
+    spec = gpqa_run.Spec("gpqa_diamond_mc", TINY_DIR / "task-test.csv", limit=8)
+    recs = [{"question_id": f"q{i:02d}", "repeat": 0, "permutation": [0, 1, 2, 3], "answer": "A", "extracted": "A",
+             "correct": True} for i in range(8)]  # fmt: skip
+    summary = gpqa_run.summarize(spec, "honest-outside-kernel", recs, model="tiny", bar=None,
+                                 baseline=("oracle", recs), seconds=1.0, extra={"arch": ARCH})  # fmt: skip
+    assert summary["outcome"] == "UNJUDGED" and "too few samples to judge: 8 samples" in summary["reason"]
+    gpqa_run.write(tmp_path / "r", spec, "honest-outside-kernel", summary, None, recs)
+    report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    (g,) = report["gpqa"]
+    assert g["outcome"] == "UNJUDGED" and report["verdict"] == "SHIP"  # reported, never counted as a pass
 
 
 def test_nothing_judged_never_ships(tmp_path):
@@ -173,9 +269,9 @@ def test_two_hosts_merge_without_loss_or_double_counting(tmp_path, monkeypatch):
         monkeypatch.setattr(results_mod, "host_fingerprint", lambda: {**real(), "hostname": host, "arch": arch})
         monkeypatch.setattr(results_mod.socket, "gethostname", lambda: host)
 
-    on("cpu-runner-1", "cpu")
+    on("cpu-runner-1", ARCH)
     record_cases(tmp_path / "a", backend("emulation"), CASES[:2])
-    on("cpu-runner-2", "cpu")
+    on("cpu-runner-2", ARCH)
     record_cases(tmp_path / "b", backend("emulation"), CASES[2:])
     record_cases(tmp_path / "b", backend("WrongSignAt7"), CASES[:1])
     shutil.copytree(tmp_path / "a", tmp_path / "artifact-copy-of-a")
@@ -224,11 +320,12 @@ def test_against_a_baseline_new_and_fixed_failures_and_a_significant_accuracy_dr
     report, files = run_report([str(now)], tmp_path / "out", baseline=[str(before)], policy=str(policy))
     base = report["baseline"]
     assert [(n["test_id"], n["before"]) for n in base["new_failures"]] == [
-        ("wrongsign-kernel-cpu-tiny-interleaved-t7", "PASS")]  # fmt: skip
-    assert [(f["test_id"], f["before"]) for f in base["fixed"]] == [("raising-kernel-cpu-tiny-interleaved-t3", "ERROR")]
-    assert [c["test_id"] for c in base["ratio_changes"]][:1] == ["wrongsign-kernel-cpu-tiny-interleaved-t7"]
+        (f"wrongsign-kernel-{ARCH}-tiny-interleaved-t7", "PASS")]  # fmt: skip
+    assert [(f["test_id"], f["before"]) for f in base["fixed"]] == [(f"raising-kernel-{ARCH}-tiny-interleaved-t3",
+                                                                     "ERROR")]  # fmt: skip
+    assert [c["test_id"] for c in base["ratio_changes"]][:1] == [f"wrongsign-kernel-{ARCH}-tiny-interleaved-t7"]
     (acc,) = base["accuracy"]
-    assert acc["before"] == 39 / 40 and acc["now"] == 20 / 40 and acc["significant"] and acc["regression"]
+    assert acc["before"] == 199 / 200 and acc["now"] == 100 / 200 and acc["significant"] and acc["regression"]
     assert acc["test"].startswith("paired exact McNemar") and acc["p"] < 1e-4
     assert any(r["rule"] == "baseline-accuracy" for r in report["reasons"])
     assert "1 new failures, 1 fixed" in files["md"].read_text()
