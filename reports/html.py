@@ -197,7 +197,6 @@ def html(report: dict) -> str:
     import matplotlib
 
     from mxmoe.reports import render
-    from mxmoe.reports.build import production_line
 
     matplotlib.use("Agg")
     plots = [{"id": key, "title": title, "src": fn(report)} for key, title, fn in PLOTS]
@@ -206,4 +205,4 @@ def html(report: dict) -> str:
     template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(r=report, plots=plots, ran=render.ran, gpqa_cell=render.gpqa_cell,
                            model_check_cell=render.model_check_cell, padding_cell=render.padding_cell,
-                           build_cell=render.build_cell, production_line=production_line)  # fmt: skip
+                           build_cell=render.build_cell, production_line=render.production_line)  # fmt: skip

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mxmoe.harness.mutants import BAD_VERDICTS
+from mxmoe.reports.build import NO_PRODUCTION, production_line
 
 
 class PageUnavailable(ImportError):
@@ -76,8 +77,6 @@ def markdown(report: dict) -> str:
     """``signoff.md``: the verdict with every reason, one row per backend and arch that ran, the
     ones that did not (one line per reason, folded), faults caught, GPQA, the baseline diff and the
     first failures with their replay commands."""
-    from mxmoe.reports.build import production_line
-
     out = [f"## MXFP4 MoE sign-off: **{report['verdict']}**", "", production_line(report) + ".", ""]
     if report["reasons"]:
         out.append(f"Blocked by {len(report['reasons'])} reason(s):")
@@ -188,8 +187,7 @@ def junit(report: dict) -> str:
         el = ET.SubElement(suites[suite], "testcase", classname=suite, name=name, time=f"{seconds or 0:.3f}")
         st = stats[suite]
         st["tests"] += 1
-        if outcome in ("FAIL", "XPASS", "BLOCKED", "MISSED", "FALSE ALARM", "NOT RUN", "HARNESS ERROR",
-                       "NO PRODUCTION KERNEL JUDGED"):  # fmt: skip
+        if outcome in ("FAIL", "XPASS", "BLOCKED", NO_PRODUCTION, *BAD_VERDICTS):
             ET.SubElement(el, "failure", message=f"{outcome}: {message}"[:1000], type=outcome).text = message
             st["failures"] += 1
         elif outcome == "ERROR":
