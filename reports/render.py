@@ -68,9 +68,11 @@ def ran(row: dict) -> bool:
 def build_cell(row: dict) -> str:
     """Which build of the kernel ran (``Result.build``), or the harness's own code."""
     builds = row.get("builds") or []
-    if not builds:
-        return "-" if row["kind"] != "backend" or not row.get("production", True) else "not recorded"
-    return " / ".join(builds)
+    if builds:
+        return " / ".join(builds)
+    c = row["counts"]
+    kernel = row["kind"] == "backend" and row.get("production", True) and sum(c.values()) > c["SKIP"]
+    return "not recorded" if kernel else "-"  # no case of a production kernel ran: no build to name
 
 
 def markdown(report: dict) -> str:
