@@ -327,7 +327,8 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             (reasons if row["judged"] and policy.block_xpass else warnings).append(entry)
 
     # Rule: a required backend that never ran on a required arch it declares.
-    known = _registry_archs() | declared
+    registry = _registry()
+    known = {ident: tuple(b.declaration.archs) for ident, b in registry.items()} | declared
     for pattern in policy.required_backends:
         matched = [b for b in known if fnmatch.fnmatchcase(b, pattern)]
         if not matched and not any(ch in pattern for ch in "*?["):
@@ -347,7 +348,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
                                     "text": f"required backend {backend} never ran on {arch} "
                                             f"({why or 'no record on this arch'})"})  # fmt: skip
                     continue
-                expected = _expected_cases(backend, arch, policy.required_cases)
+                expected = _expected_cases(registry.get(backend), arch, policy.required_cases)
                 if expected is None:
                     continue
                 missing = sorted(set(expected) - ran)
@@ -520,31 +521,25 @@ def production_line(report: dict) -> str:
     return "production kernels judged: " + ("; ".join(parts) if parts else "none")
 
 
-def _expected_cases(backend: str, arch: str, cases: str) -> list[str] | None:
-    """The test ids a required ``backend`` must have run on ``arch`` (``[required] cases``); None
-    where that is not known (``any``, or a backend the registry does not hold)."""
-    if cases == "any":
+def _expected_cases(backend: object | None, arch: str, cases: str) -> list[str] | None:
+    """The test ids a required ``backend`` (the registry's object) must have run on ``arch``
+    (``[required] cases``); None where that is not known (``any``, or a backend the registry does
+    not hold)."""
+    if cases == "any" or backend is None:
         return None
     from mxmoe.harness.engine import test_id
-    from mxmoe.harness.registry import discover
     from mxmoe.harness.zoo import profile_cases
 
-    try:
-        found = {item.backend.declaration.id: item.backend for item in discover()}
-    except Exception:  # a broken entry point must not stop the report
-        return None
-    b = found.get(backend)
-    if b is None:
-        return None
-    return [test_id(backend, arch, c) for c in profile_cases(cases) if b.supports(c, arch) is None]
+    ident = backend.declaration.id
+    return [test_id(ident, arch, c) for c in profile_cases(cases) if backend.supports(c, arch) is None]
 
 
-def _registry_archs() -> dict[str, tuple[str, ...]]:
-    """Declared archs of the registry's backends: what a required backend with no record at all
-    would have run on (its declaration is code, not a result)."""
+def _registry() -> dict[str, object]:
+    """The registry's backends by id: what a required backend with no record at all would have run
+    on, and the cases it declares (its declaration is code, not a result)."""
     from mxmoe.harness.registry import discover
 
     try:
-        return {item.backend.declaration.id: tuple(item.backend.declaration.archs) for item in discover()}
+        return {item.backend.declaration.id: item.backend for item in discover()}
     except Exception:  # a broken entry point must not stop the report; its backends are then unknown
         return {}
