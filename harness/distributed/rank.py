@@ -50,10 +50,10 @@ def rank_main(rank: int, job: dict) -> None:
     world = job["world"]
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     on_gpu = job["arch"] != "cpu"
+    if not on_gpu:  # CPU ranks on a GPU host too: Triton kernels then run under its interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if on_gpu:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    else:  # CPU ranks on a GPU host too: Triton kernels then run under its interpreter
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{job['store']}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=job["timeout"]))  # fmt: skip
