@@ -1,5 +1,5 @@
 """``python -m harness`` from a checkout (the installed spelling is ``python -m mxmoe``)."""
 
-from mxmoe.harness.cli import main
+from mxmoe.harness.cli.app import main
 
 raise SystemExit(main())

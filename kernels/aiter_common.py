@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from mxmoe.harness import platforms
-from mxmoe.harness.backend import BackendUnavailable, VendorKernel, require_host_arch
-from mxmoe.harness.cases import Case
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract import platforms
+from mxmoe.harness.contract.backend import BackendUnavailable, VendorKernel, require_host_arch
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs
 
 PIP_NAME = "amd-aiter (a ROCm build of ROCm/aiter; PyPI's amd-aiter predates these kernels)"
 
@@ -141,7 +141,7 @@ class AiterTritonBase(VendorKernel):
         ``aiter-<commit>``), and whether its Triton kernels were interpreted or compiled."""
         import os
 
-        from mxmoe.harness.backend import package_build
+        from mxmoe.harness.contract.backend import package_build
 
         built = package_build("aiter")
         if built is None:

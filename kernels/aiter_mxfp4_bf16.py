@@ -45,10 +45,10 @@ from typing import Any
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
-from mxmoe.harness.cases import Case
-from mxmoe.harness.convert import partition_sizes
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.convert import partition_sizes
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.kernels import storage
 from mxmoe.kernels.aiter_common import PIP_NAME, RENORMALIZING, activation_member, enum_member, require_arch
 from mxmoe.reference.activation import GPT_OSS_ALPHA, GPT_OSS_BETA, GPT_OSS_LIMIT

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, BackendUnavailable, Declaration
-from mxmoe.harness.cases import Case
-from mxmoe.harness.convert import partition_sizes
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.convert import partition_sizes
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.kernels import storage
 from mxmoe.kernels.aiter_common import (
     A8W4_MODULES,

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.cases import Case
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.kernels import storage
 from mxmoe.kernels.aiter_common import A16W4_MODULES, AiterTritonBase, TritonPrepared
 from mxmoe.reference.moe import Precision

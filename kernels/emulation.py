@@ -1,131 +1,17 @@
 """EMULATION: dequantize the MXFP4 weights and run plain GEMMs, as vLLM's emulation backend does.
 
-Runs wherever torch runs. It is also the template of the honest variants (``harness.honest``):
-a real low-precision implementation written with torch ops, whose arithmetic (GEMM dtype,
-accumulation order, rounding points) is set by class attributes and declared as data, so that
-the harness can be checked against kernels that differ from the oracle only the way real ones
-legitimately do.
+Runs wherever torch runs: the harness's torch layer (``instruments.torch_moe``) with bf16 GEMMs
+and every stage rounded to bf16, declared as vLLM's EMULATION arithmetic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Backend, Declaration
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import ARCHS
-from mxmoe.reference.activation import gated_activation
-from mxmoe.reference.moe import MoEWeights, Precision, round_to
-from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Weights dequantized to the GEMM dtype (exact: every MXFP4 value is a bf16 value), w13 rows
-    in the declared layout."""
-
-    w13: torch.Tensor
-    w2: torch.Tensor
-    b13: torch.Tensor | None
-    b2: torch.Tensor | None
-
-
-class TorchMoE(Backend):
-    """A MoE layer in torch at low precision. ``gemm`` is the dtype the GEMMs read (fp32: float32
-    GEMMs; bf16: bf16 GEMMs with fp32 accumulation and a bf16 result); ``split_k`` > 1 sums K in
-    that many float32 partial products, last chunk first."""
-
-    gemm: str = "fp32"
-    split_k: int = 1
-    combine: torch.dtype = torch.float32
-    """The dtype the top-k combine accumulates in (float32 as every declaration here says; a test's
-    faulty kernel sets bfloat16 to leave a rounding point undeclared)."""
-
-    def convert(self, inputs: CaseInputs) -> Prepared:
-        """The declared conversion (row layout, padding), then an exact dequantization."""
-        w = self.prepare_weights(self.convert_weights(inputs).logical(), inputs)
-        dt = _DTYPES[self.gemm]
-        # One expert at a time: the float64 dequantization of all gpt-oss experts at once is 6 GB.
-        w13 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w13_blocks, w.w13_scales)])
-        w2 = torch.stack([dequantize_mxfp4(b, s).to(dt) for b, s in zip(w.w2_blocks, w.w2_scales)])
-        b13 = None if w.w13_bias is None else w.w13_bias.float()
-        return Prepared(w13, w2, b13, None if w.w2_bias is None else w.w2_bias.float())
-
-    def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
-        """The converted MXFP4 weights as this implementation reads them (a hook: the identity)."""
-        return w
-
-    def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """(routing weights [T, k] float32, rounded as declared; local expert ids [T, k], -1 for
-        experts of other EP ranks)."""
-        routing = inputs.routing()
-        weights = round_to(routing.weights, self.declaration.arithmetic.precision.routing_weights).float()
-        return weights, inputs.local_ids(routing.ids)
-
-    def weight_on_input(self, inputs: CaseInputs) -> bool:
-        """Whether the routing weight scales GEMM1's input (Llama4) rather than the expert output."""
-        return inputs.case.routing == "Llama4"
-
-    def activate(self, h: torch.Tensor, inputs: CaseInputs) -> torch.Tensor:
-        """The gated activation of GEMM1's output (rows in the declared layout)."""
-        c = inputs.case
-        return gated_activation(h, c.activation, self.declaration.w13_layout, c.alpha, c.beta, c.limit)
-
-    def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """a @ w.T in the declared GEMM dtype, returned as float32."""
-        a = a.to(w.dtype)
-        if self.split_k <= 1:
-            return (a @ w.T).float()
-        parts = [(ac @ wc.T).float() for ac, wc in zip(a.chunk(self.split_k, dim=-1), w.chunk(self.split_k, dim=-1))]
-        total = parts[-1]
-        for part in reversed(parts[:-1]):
-            total = total + part
-        return total
-
-    def _round(self, t: torch.Tensor, point: str, p: Precision) -> torch.Tensor:
-        """Round a float32 tensor at a precision point, staying float32."""
-        if point in ("fp64", "fp32"):
-            return t
-        if point == "bf16":
-            return t.to(torch.bfloat16).float()
-        return fake_quantize(t, "mxfp8", p.mx_rule).float()
-
-    def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
-        """Route, then per expert: GEMM1 + bias, activation, GEMM2 + bias; combine in float32."""
-        case = inputs.case
-        p = self.declaration.arithmetic.precision
-        weights, ids = self.route_tokens(inputs)
-        on_input = self.weight_on_input(inputs)
-        x = inputs.x.float()
-        x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
-        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=self.combine, device=x.device)
-        for e in range(prepared.w13.shape[0]):
-            tok, slot = torch.nonzero(ids == e, as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            we = weights[tok, slot].unsqueeze(1)
-            xe = x[tok] * we if on_input else x[tok]
-            xe = self._round(xe, p.activation_input, p)
-            late = p.bias_after_rounding  # the GEMM's product rounded, the bias added after
-            h = self._gemm(xe, prepared.w13[e])
-            if prepared.b13 is not None and not late:
-                h = h + prepared.b13[e]
-            h = self._round(h, p.gemm1_output, p)
-            if prepared.b13 is not None and late:
-                h = h + prepared.b13[e]
-            a = self._round(self.activate(h, inputs), p.intermediate, p)
-            y = self._gemm(a, prepared.w2[e])
-            if prepared.b2 is not None and not late:
-                y = y + prepared.b2[e]
-            y = self._round(y, p.expert_output, p)
-            if prepared.b2 is not None and late:
-                y = y + prepared.b2[e]
-            acc.index_add_(0, tok, (y if on_input else y * we).to(acc.dtype))
-        out.copy_(acc[:, : out.shape[1]])
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.platforms import ARCHS
+from mxmoe.harness.instruments.torch_moe import TorchMoE
+from mxmoe.reference.moe import Precision
 
 
 class Emulation(TorchMoE):

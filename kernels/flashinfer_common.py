@@ -11,7 +11,7 @@ Layouts agree for K = 128 and differ beyond, which is why the project's tests us
 
 Enums are passed as members looked up by name (``RoutingMethodType[...]``): their integer values
 moved between releases (0.6.9 had ``Unspecified = 8``; 0.6.14 has ``Sigmoid = 8``), and a
-hard-coded integer was a shipped bug (SPEC section 8).
+hard-coded integer was a shipped bug (docs/shipped-bugs.md).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import ClassVar
 
 import torch
 
-from mxmoe.harness.backend import BackendUnavailable, VendorKernel
-from mxmoe.harness.convert import Converted, Storage
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import host_arch
+from mxmoe.harness.contract.backend import BackendUnavailable, VendorKernel
+from mxmoe.harness.contract.convert import Converted, Storage
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.kernels import storage
 from mxmoe.reference.moe import round_to
 
@@ -120,7 +120,7 @@ def compiled_by_flashinfer(module_name: str) -> bool:
 def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | None:
     """Make sure a call will not silently spend an hour in nvcc. In order: FlashInfer's own
     module ``module_name`` prebuilt or compiled (None); for ``fused_moe_90``, the project's
-    bf16 x MXFP4 subset built for this FlashInfer (``harness.jitbuild.flashinfer_sm90``), which is
+    bf16 x MXFP4 subset built for this FlashInfer (``harness.upstream.flashinfer_sm90``), which is
     then installed in FlashInfer's place (its ``build.json`` record); the user's opt-in to
     FlashInfer compiling the whole module (``MXMOE_FLASHINFER_JIT=1``, None). Otherwise
     BackendUnavailable saying how to get one."""
@@ -131,7 +131,7 @@ def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | N
         raise BackendUnavailable(f"{backend_id}: flashinfer.jit did not import: {exc}") from exc
     subset = module_name == FULL_SM90_MODULE
     if subset:
-        from mxmoe.harness.jitbuild import flashinfer_sm90
+        from mxmoe.harness.upstream import flashinfer_sm90
 
         record = flashinfer_sm90.install()
         if record is not None:

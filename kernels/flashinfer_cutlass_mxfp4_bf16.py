@@ -37,11 +37,11 @@ from dataclasses import replace
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.cases import Case
-from mxmoe.harness.convert import Converted, Target
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.convert import Converted, Target
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.judge.engine import poisoned
 from mxmoe.kernels.flashinfer_common import (
     DEFAULT_SM90_GENERATION,
     SM90_LAYOUTS,
@@ -105,7 +105,8 @@ class FlashInferCutlassMxfp4Bf16OldLayout(FlashInferCutlassMxfp4Bf16):
     """The same kernel fed the layout FlashInfer read up to 0.6.9 (plain packed weights, scales
     interleaved to [E, K/128, 4R]), whatever FlashInfer is installed: the weights vLLM's MXFP4
     oracle prepared before it called FlashInfer's 0.6.10 weight interleave, the integration behind
-    the seeds' GPQA 0.0 on Hopper with no error raised (FlashInfer issue #3334, vLLM PR #46915).
+    the GPQA 0.0 on Hopper with no error raised (FlashInfer issue #3334, vLLM PR #46915;
+    docs/shipped-bugs.md).
     An instrument: on FlashInfer 0.6.10+ it must FAIL, and how it fails (an error, or wrong
     numbers with no error) is the finding."""
 

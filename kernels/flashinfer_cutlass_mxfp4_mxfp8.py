@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.convert import Converted
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.convert import Converted
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.judge.engine import poisoned
 from mxmoe.kernels import storage
 from mxmoe.kernels.flashinfer_common import FlashInferKernel
 from mxmoe.reference.moe import Precision
@@ -35,7 +35,7 @@ class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
     storage = (storage.swizzle_128x4(view_fp8=False),)
     declaration = Declaration(
         id="flashinfer-cutlass-mxfp4-mxfp8",
-        archs=("sm100", "sm120"),  # vLLM: SM10x and SM12x (found by `vllm-drift`; SPEC lists sm100)
+        archs=("sm100", "sm120"),  # vLLM: SM10x and SM12x (found by `vllm-drift`; docs/backends.md)
         description="FlashInfer CUTLASS fused MoE, MXFP8 activations",
         quant="w4a8-mxfp8",
         w13_layout="chunked_up_gate",

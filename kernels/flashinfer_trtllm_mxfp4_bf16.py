@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.convert import Converted
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.convert import Converted
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.judge.engine import poisoned
 from mxmoe.kernels import storage
 from mxmoe.kernels.flashinfer_common import FlashInferKernel, enum_member, enums
 from mxmoe.reference.moe import Precision

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
 from mxmoe.kernels.flashinfer_trtllm_mxfp4_bf16 import FlashInferTrtllmMxfp4Bf16
 from mxmoe.reference.moe import Precision
 

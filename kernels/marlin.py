@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
 from mxmoe.kernels import storage
 from mxmoe.kernels.vllm_layer import VllmLayer
 from mxmoe.reference.moe import Precision

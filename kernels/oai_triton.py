@@ -2,7 +2,7 @@
 
 Kernel: ``triton_kernels.matmul_ogs`` (v3.5.1, the copy vLLM 0.26 vendors and runs; fetched by
 ``python -m harness fetch triton-kernels`` where neither it nor vLLM is installed, see
-``harness.vendor``), called the way vLLM's GPT-OSS path calls it:
+``harness.upstream.fetch``), called the way vLLM's GPT-OSS path calls it:
 
 * weights as vLLM's oracle prepares them: w13 rows interleaved (gate in even columns), the hidden
   size unchanged and the intermediate padded to 64, float32 biases, blocks and scales as
@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
-from mxmoe.harness.cases import Case
-from mxmoe.harness.convert import padded_sizes
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import host_arch
-from mxmoe.harness.vendor import VendorMissing, import_triton_kernels
+from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.convert import padded_sizes
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import host_arch
+from mxmoe.harness.judge.engine import poisoned
+from mxmoe.harness.upstream.fetch import VendorMissing, import_triton_kernels
 from mxmoe.kernels import storage
 from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.routing import ROUTING_METHODS

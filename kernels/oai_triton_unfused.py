@@ -1,6 +1,6 @@
 """TRITON_UNFUSED: OpenAI triton_kernels' matmul_ogs with a separate activation
 
-Kernel: two ``triton_kernels.matmul_ogs`` calls (v3.5.1; ``harness.vendor``) with the activation
+Kernel: two ``triton_kernels.matmul_ogs`` calls (v3.5.1; ``harness.upstream.fetch``) with the activation
 between them, as vLLM's ``UnfusedOAITritonExperts`` (modular: the engine routes) runs them:
 GEMM1 stores its output (plus the float32 bias) in bf16 in expert order; the rows are gathered
 back to token order for the activation, then re-sorted for GEMM2; GEMM2 runs with one expert per
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.cases import Case
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.judge.engine import poisoned
 from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared
 from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Backend, BackendUnavailable, Declaration
-from mxmoe.harness.cases import Case
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import ARCHS, host_arch, use_triton_interpreter_without_gpu
+from mxmoe.harness.contract.backend import Arithmetic, Backend, BackendUnavailable, Declaration
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import ARCHS, host_arch, use_triton_interpreter_without_gpu
 from mxmoe.reference.moe import MoEWeights, Precision, round_to
 
 _TRITON_ARCHS = ARCHS

@@ -1,4 +1,4 @@
-"""Storage steps of the vendor layouts (``harness.convert.Storage``), written from the vendors'
+"""Storage steps of the vendor layouts (``harness.contract.convert.Storage``), written from the vendors'
 published layout code and checked here only for what they must be: pure permutations of bytes
 (or nibbles) plus zero padding, inverted bit for bit. Each docstring names the vendor function
 whose layout it reproduces; agreement with the vendor's own function, where that function is pure
@@ -14,8 +14,8 @@ import functools
 
 import torch
 
-from mxmoe.harness.convert import Storage
-from mxmoe.harness.padding import round_up
+from mxmoe.harness.contract.convert import Storage
+from mxmoe.harness.contract.padding import round_up
 
 W = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")
 SCALES = ("w13_scales", "w2_scales")

@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from mxmoe.harness.backend import BackendUnavailable, Declaration, VendorKernel
-from mxmoe.harness.cases import Case
-from mxmoe.harness.convert import to_layout
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.convert import to_layout
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.reference.moe import round_to
 
 ACTIVATION_KEYS = {"w4a16": None, "w4a8-mxfp8": "kMxfp8Dynamic", "w4a8-fp8": "kFp8StaticTensorSym"}

@@ -1,7 +1,7 @@
 """Gated activations of the MoE's first GEMM, and the row layouts of the fused gate/up weight.
 
 The first GEMM produces ``2I`` columns per token holding the gate ``g`` and the up projection
-``u``; backends disagree on how those columns (the rows of w13) are ordered (SPEC section 4):
+``u``; backends disagree on how those columns (the rows of w13) are ordered (docs/formats.md):
 
 * ``interleaved``       [g0, u0, g1, u1, ...]  GPT-OSS checkpoint, OAI Triton, Marlin, AITER Triton
 * ``pair_swapped``      [u0, g0, u1, g1, ...]  FlashInfer TRTLLM-gen

@@ -1,6 +1,6 @@
 """Plain per-token, per-expert definitions in Python floats: the oracle's own check.
 
-These restate SPEC sections 2-5 as literally as possible (bit fields, one token at a time,
+These restate docs/formats.md as literally as possible (bit fields, one token at a time,
 ``math.fsum`` for every sum) and share no code with ``mxfp4``, ``routing``, ``activation`` or
 ``moe``. They are slow on purpose and used only on small cases: the tests and ``signoff`` compare
 the batched float64 oracle with them.
@@ -64,7 +64,7 @@ def route_token(
     topk_group: int | None = None,
     routed_scaling_factor: float = 1.0,
 ) -> list[tuple[int, float]]:
-    """(expert, weight) pairs for one token, in selection order, literally as SPEC section 5 says."""
+    """(expert, weight) pairs for one token, in selection order, literally as docs/formats.md says."""
     n = len(logits)
     if method == "Default":
         p = _softmax(logits)
@@ -107,7 +107,7 @@ def route_token(
 def activate(
     h: Sequence[float], activation: str, layout: str, alpha: float, beta: float, limit: float | None
 ) -> list[float]:
-    """The gated activation of one token's GEMM1 output, literally as SPEC section 4 says."""
+    """The gated activation of one token's GEMM1 output, literally as docs/formats.md says."""
     half = len(h) // 2
     if layout == "interleaved":
         pairs = [(h[2 * j], h[2 * j + 1]) for j in range(half)]

@@ -1,7 +1,7 @@
 """The MXFP4 MoE layer in float64: the oracle every backend is compared with.
 
 For each token ``t`` and each of its ``k`` chosen experts ``e`` with routing weight ``w``
-(SPEC section 3; canonical GPT-OSS weights)::
+(docs/formats.md; canonical GPT-OSS weights)::
 
     h   = x[t] @ W13[e].T + b13[e]                    # [2I], W13 dequantized exactly
     a   = activation(h, layout of w13's rows)         # [I]
@@ -104,7 +104,7 @@ def round_to(x: torch.Tensor, point: str, mx_rule: str = "floor") -> torch.Tenso
 
 @dataclass(frozen=True)
 class MoEWeights:
-    """Canonical MXFP4 expert weights (SPEC section 3), for E (local) experts.
+    """Canonical MXFP4 expert weights (docs/formats.md), for E (local) experts.
 
     ``w13_blocks`` uint8 [E, 2I, H/2], ``w13_scales`` uint8 [E, 2I, H/32], ``w13_bias`` [E, 2I];
     ``w2_blocks`` uint8 [E, H, I/2], ``w2_scales`` uint8 [E, H, I/32], ``w2_bias`` [E, H]. Biases

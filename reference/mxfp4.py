@@ -4,7 +4,7 @@ Everything here is exact: decoded values, dequantized weights and quantized code
 float64, where every E2M1, E4M3 and E8M0 value and every product of an element with its scale is
 representable, so no result depends on the order of operations or on the device.
 
-Readings this oracle commits to (SPEC section 2; peers differ, and the harness tests backends on
+Readings this oracle commits to (docs/oracle.md; peers differ, and the harness tests backends on
 these bytes explicitly rather than inheriting a peer's choice):
 
 * E2M1 code ``c``: bit 3 is the sign, codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; code 8 is -0.

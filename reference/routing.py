@@ -1,4 +1,4 @@
-"""MoE routing methods, by name, in float64 (SPEC section 5).
+"""MoE routing methods, by name, in float64 (docs/formats.md).
 
 Methods are named, never numbered: the integers of the enums in FlashInfer and vLLM drift between
 versions (FlashInfer's ``Unspecified`` was 6, 8, 9 and is 10; 9 is now ``TopKSigmoid``).

@@ -36,8 +36,8 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mxmoe.harness.audits.catalogue import BAD_VERDICTS
 from mxmoe.harness.e2e.layercheck import LAYER_TEST_ID
-from mxmoe.harness.mutants import BAD_VERDICTS
 from mxmoe.reports.collect import Collection
 from mxmoe.reports.policy import Policy
 
@@ -527,8 +527,8 @@ def _expected_cases(backend: object | None, arch: str, cases: str) -> list[str] 
     not hold)."""
     if cases == "any" or backend is None:
         return None
-    from mxmoe.harness.engine import test_id
-    from mxmoe.harness.zoo import profile_cases
+    from mxmoe.harness.judge.engine import test_id
+    from mxmoe.harness.run.profiles import profile_cases
 
     ident = backend.declaration.id
     return [test_id(ident, arch, c) for c in profile_cases(cases) if backend.supports(c, arch) is None]
@@ -537,7 +537,7 @@ def _expected_cases(backend: object | None, arch: str, cases: str) -> list[str] 
 def _registry() -> dict[str, object]:
     """The registry's backends by id: what a required backend with no record at all would have run
     on, and the cases it declares (its declaration is code, not a result)."""
-    from mxmoe.harness.registry import discover
+    from mxmoe.harness.run.registry import discover
 
     try:
         return {item.backend.declaration.id: item.backend for item in discover()}

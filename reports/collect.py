@@ -2,12 +2,12 @@
 
 A sign-off merges folders from CI jobs, pytest-xdist workers and GPU hosts. What is read:
 
-* ``results-*.jsonl``: one case record per line (``harness.results.Recorder``);
+* ``results-*.jsonl``: one case record per line (``harness.run.results.Recorder``);
 * ``gpqa-<task>-<backend>.json``: a GPQA run's summary (``harness.gpqa.run``); its ``-samples.jsonl``
   beside it is read only for a baseline comparison, and lm-eval's ``-results.json`` is left alone;
 * ``model-check-<backend>-<arch>.json`` (``model-check``), ``mutants*.json`` (the fault catalogue),
   ``padding*.json`` (the padding audit) and ``signoff-steps*.json`` (what each step of a
-  ``signoff`` did): summaries stamped by ``harness.results.stamp``.
+  ``signoff`` did): summaries stamped by ``harness.run.results.stamp``.
 
 Reading is strict, because a report built from half a file says SHIP on evidence it does not
 have: a line that is not a whole JSON object (a file cut off mid-line, a copy that stopped short),
@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from mxmoe.harness.results import SCHEMA, from_json
+from mxmoe.harness.run.results import SCHEMA, from_json
 
 CASE_FIELDS = ("schema", "test_id", "backend", "arch", "outcome", "timestamp", "host")
 STAMP_FIELDS = ("schema", "kind", "timestamp", "host")

@@ -15,6 +15,8 @@ import io
 import math
 from pathlib import Path
 
+from mxmoe.reports import render
+
 TEMPLATE = Path(__file__).with_name("templates") / "signoff.html.j2"
 COLORS = {"PASS": "#1f77b4", "FAIL": "#d62728", "XPASS": "#ff7f0e", "XFAIL": "#9467bd", "ERROR": "#000000"}
 
@@ -196,7 +198,6 @@ def html(report: dict) -> str:
     import jinja2
     import matplotlib
 
-    from mxmoe.reports import render
 
     matplotlib.use("Agg")
     plots = [{"id": key, "title": title, "src": fn(report)} for key, title, fn in PLOTS]

@@ -4,17 +4,10 @@ test views, the JSON itself, and the HTML page (``html``). Each is rendered from
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
-from mxmoe.harness.mutants import BAD_VERDICTS
+from mxmoe.harness.audits.catalogue import BAD_VERDICTS
 from mxmoe.reports.build import NO_PRODUCTION, production_line
-
-
-class PageUnavailable(ImportError):
-    """matplotlib or jinja2 is missing: the page cannot be made (the other files are written)."""
-
 
 MD_FAILURES = 10
 """Failures listed in the Markdown (all of them are in the HTML and JSON): a PR comment stays short."""
@@ -224,27 +217,3 @@ def junit(report: dict) -> str:
             el.set(k, str(v))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
-
-def write_report(report: dict, out: str | Path) -> dict[str, Path]:
-    """Write ``signoff.json``, ``signoff.md``, ``junit.xml`` and ``signoff.html`` into ``out``. The
-    first three need nothing beyond Python; the page needs matplotlib and jinja2, and is written
-    last, so that their absence still leaves the others."""
-    from mxmoe.harness.results import finite_json
-    from mxmoe.reports.html import html
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "signoff.json", "md": out / "signoff.md", "junit": out / "junit.xml",
-             "html": out / "signoff.html"}  # fmt: skip
-    paths["json"].write_text(json.dumps(finite_json(report), indent=1, allow_nan=False) + "\n")
-    paths["md"].write_text(markdown(report), encoding="utf-8")
-    paths["junit"].write_text(junit(report), encoding="utf-8")
-    try:
-        page = html(report)
-    except ImportError as exc:
-        raise PageUnavailable(f"signoff.html needs matplotlib and jinja2 ({exc}): pip install "
-                              f"'mxfp4-moe-harness[report]'; {out}/signoff.json, signoff.md and junit.xml are "
-                              "written") from None  # fmt: skip
-    paths["html"].write_text(page, encoding="utf-8")
-    return paths

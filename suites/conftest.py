@@ -2,4 +2,4 @@
 Hypothesis profiles ``pr`` and ``nightly`` and the differential parametrization all live in one
 place, the harness's pytest plugin."""
 
-pytest_plugins = ["mxmoe.harness.pytest_plugin"]
+pytest_plugins = ["mxmoe.harness.plugin"]

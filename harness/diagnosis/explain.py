@@ -1,4 +1,4 @@
-"""Explain a FAIL by the catalogue of faults (``harness.mutants``).
+"""Explain a FAIL by the catalogue of faults (``harness.instruments.faults``).
 
 Each catalogue fault is the honest float64-exact layer with one bug (a layout read wrong, the
 nibbles swapped, a scale off by one, a clamp missing, the routing renormalised or not, a bias
@@ -27,10 +27,12 @@ import math
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic
-from mxmoe.harness.bounds import reference_and_bound
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.contract.backend import Arithmetic
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.instruments.faults import MUTANTS
+from mxmoe.harness.instruments.honest import HonestFp32
+from mxmoe.harness.judge.bounds import reference_and_bound
+from mxmoe.harness.judge.engine import poisoned
 from mxmoe.reference.mxfp4 import BLOCK
 
 NOT_CANDIDATES = ("input-mutated", "nameerror-at-call", "rows-unwritten", "garbage-padding")
@@ -96,9 +98,6 @@ def _ratio(got: torch.Tensor, other: torch.Tensor, tolerance: torch.Tensor) -> f
 def explain(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> Diagnosis:
     """The diagnosis of a kernel output ``got`` on ``inputs`` (module docstring); ``arithmetic``
     is the kernel's declared one."""
-    from mxmoe.harness.honest import HonestFp32
-    from mxmoe.harness.mutants import MUTANTS
-
     mine = reference_and_bound(inputs, arithmetic)
     candidates = []
     own_bounds: dict[Arithmetic, torch.Tensor] = {}
@@ -125,6 +124,13 @@ def explain(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> Di
         candidates.append(Candidate(cls.slug, cls.fault, _ratio(got, out, mine.bound + own_bounds[ar])))
     candidates.sort(key=lambda c: c.worst_ratio)
     return Diagnosis(tuple(candidates), *_where(inputs, got, mine.ref, mine.bound))
+
+
+def summarize(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> str:
+    """``explain``'s summary on one line: the callback the front-ends hand the engine
+    (``engine.Diagnose``), so that a FAIL of ``check``, of the suites and of a replay names its
+    likely cause."""
+    return explain(inputs, got, arithmetic).summary().replace("\n", "; ")
 
 
 def _where(inputs: CaseInputs, got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> tuple:

@@ -23,11 +23,11 @@ import math
 
 import torch
 
-from mxmoe.harness.backend import Backend
-from mxmoe.harness.cases import Case
+from mxmoe.harness.contract.backend import Backend
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.harness.distributed.shard import slice_intermediate
-from mxmoe.harness.engine import Result, run_case
-from mxmoe.harness.inputs import CaseInputs
+from mxmoe.harness.judge.engine import Result, run_case
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK
 
@@ -99,8 +99,8 @@ def _hidden(inputs: CaseInputs) -> CaseInputs | None:
 
 
 def _worst_token(backend: Backend, inputs: CaseInputs, arch: str) -> int | None:
-    from mxmoe.harness.bounds import reference_and_bound
-    from mxmoe.harness.engine import poisoned
+    from mxmoe.harness.judge.bounds import reference_and_bound
+    from mxmoe.harness.judge.engine import poisoned
 
     d = backend.declaration
     out = poisoned((inputs.case.tokens, inputs.case.hidden), d.arithmetic.precision.output, inputs.x.device)

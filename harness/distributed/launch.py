@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from mxmoe.harness.backend import BackendUnavailable
+from mxmoe.harness.contract.backend import BackendUnavailable
+from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.harness.distributed.shard import Plan, tp_rank_inputs
-from mxmoe.harness.engine import Metrics, Result, test_id
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.platforms import host_arch
-from mxmoe.harness.registry import Loaded
+from mxmoe.harness.judge.engine import Metrics, Result, test_id
+from mxmoe.harness.run.registry import Loaded
 
 STARTUP_GRACE = 120.0
 """Seconds the ranks may take to start (import torch, meet at the store) on top of the timeout."""
@@ -102,7 +102,7 @@ def run_dist(loaded: Loaded, plan: Plan, arch: str, timeout: float = 600.0) -> R
         codes = ", ".join(f"rank {r}: {_exit_text(p.exitcode)}" for r, p in enumerate(procs))
         if all(p.exitcode == 0 for p in procs) and out.is_file():
             got = json.loads(out.read_text(encoding="utf-8"))
-            from mxmoe.harness.results import from_json
+            from mxmoe.harness.run.results import from_json
 
             got = from_json(got)
             result.outcome, result.reason, result.traceback = got["outcome"], got["reason"], got["traceback"]

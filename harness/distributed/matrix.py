@@ -65,7 +65,7 @@ class Job:
 
 
 def _declared() -> dict[str, tuple[str, ...]]:
-    from mxmoe.harness.registry import discover, select
+    from mxmoe.harness.run.registry import discover, select
 
     return {i.backend.declaration.id: tuple(i.backend.declaration.archs) for i in select(discover())}
 

@@ -19,13 +19,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from mxmoe.harness.bounds import reference_and_bound
-from mxmoe.harness.cases import Case
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.distributed import MULTICAST_OFF
 from mxmoe.harness.distributed.shard import Plan, ep_rank_inputs, reduction_bound, tp_rank_inputs
-from mxmoe.harness.engine import Result, compare, judge, poisoned, still_poisoned
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.registry import load_spec
+from mxmoe.harness.judge.bounds import reference_and_bound
+from mxmoe.harness.judge.engine import Result, compare, judge, poisoned, still_poisoned
+from mxmoe.harness.run.registry import load_spec
 
 
 def _combine(plan: Plan, rank: int, partial: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -147,7 +147,7 @@ def _judge(job: dict, plan: Plan, backend: object, full: object, gathered: list,
 
 
 def _write(job: dict, outcome: str, reason: str, metrics: dict | None, tb: str) -> None:
-    from mxmoe.harness.results import finite_json
+    from mxmoe.harness.run.results import finite_json
 
     text = json.dumps(finite_json({"outcome": outcome, "reason": reason, "metrics": metrics, "traceback": tb}),
                       allow_nan=False)  # fmt: skip

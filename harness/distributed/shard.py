@@ -35,8 +35,8 @@ from collections.abc import Callable
 
 import torch
 
-from mxmoe.harness.cases import Case, tp_shard
-from mxmoe.harness.inputs import CaseInputs, generator_for, make_inputs
+from mxmoe.harness.contract.cases import Case, tp_shard
+from mxmoe.harness.contract.inputs import CaseInputs, generator_for, make_inputs
 from mxmoe.reference.activation import gate_up_rows
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK

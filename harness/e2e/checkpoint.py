@@ -2,7 +2,7 @@
 
 A checkpoint is a Hugging Face folder: ``config.json`` (``model_type: gpt_oss`` with an MXFP4
 ``quantization_config``) and safetensors shards (``model.safetensors`` or the shards an
-``model.safetensors.index.json`` maps). The MoE weights of layer N are (SPEC section 3)::
+``model.safetensors.index.json`` maps). The MoE weights of layer N are (docs/formats.md)::
 
     model.layers.N.mlp.experts.gate_up_proj_blocks  uint8 [E, 2I, H/32, 16]   rows interleaved gate/up
     model.layers.N.mlp.experts.gate_up_proj_scales  uint8 [E, 2I, H/32]       E8M0
@@ -31,9 +31,41 @@ from pathlib import Path
 
 import torch
 
-from mxmoe.harness.inputs import generator_for, random_mxfp4_weights
+from mxmoe.harness.contract.inputs import generator_for, random_mxfp4_weights
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK, E8M0_NAN
+
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+"""The committed tiny GPT-OSS fixture (``tiny.py`` trains it)."""
+TINY_CONFIG = dict(
+    vocab_size=768,
+    hidden_size=256,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=32,
+    max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    tie_word_embeddings=False,
+    swiglu_limit=7.0,
+)
+"""GptOssConfig of the fixture (the rest as gpt-oss-20b: alpha 1.702, sinks, alternating layers)."""
+
+_NOT_CONFIG = ("quantization_config", "architectures", "torch_dtype", "dtype", "transformers_version", "auto_map")
+
+
+def hf_config(config: dict):  # noqa: ANN201 (transformers.GptOssConfig, imported lazily)
+    """transformers' GptOssConfig of a checkpoint's config.json, eager attention (sinks)."""
+    from transformers import GptOssConfig
+
+    cfg = GptOssConfig.from_dict({k: v for k, v in config.items() if k not in _NOT_CONFIG})
+    cfg._attn_implementation = "eager"
+    return cfg
+
 
 EXPERT_PARTS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
                 "down_proj_scales", "down_proj_bias")  # fmt: skip
@@ -45,7 +77,7 @@ PRESETS = {
 """config.json of openai/gpt-oss-20b and -120b as far as they differ from GptOssConfig's defaults
 (hidden 2880, intermediate 2880, 64 query and 8 KV heads of 64, top-4, vocabulary 201,088,
 sliding window 128 on alternate layers, YaRN rope); ``gpt-oss-tiny`` is the tiny fixture's shape
-(``harness.e2e.tiny.CONFIG``), for exercising the synthetic path on a CPU."""
+(``TINY_CONFIG``), for exercising the synthetic path on a CPU."""
 
 
 class CheckpointError(ValueError):
@@ -226,7 +258,7 @@ class GptOssCheckpoint(Checkpoint):
 
 class SyntheticCheckpoint(Checkpoint):
     """A GPT-OSS checkpoint that does not exist on disk: each tensor is drawn from ``seed`` and its
-    name (``harness.inputs.generator_for``), on ``device``. Experts: uniformly random MXFP4 codes
+    name (``harness.contract.inputs.generator_for``), on ``device``. Experts: uniformly random MXFP4 codes
     with trained-like scale bytes (``random_mxfp4_weights``); dense weights: normal with the
     config's initializer_range (0.02), norms 1, sinks 0. It runs the real architecture at full
     size; its outputs mean nothing beyond the comparison of backends."""
@@ -238,9 +270,7 @@ class SyntheticCheckpoint(Checkpoint):
         self._shapes_of = self._dense_shapes()
 
     def _dense_shapes(self) -> dict[str, tuple[int, ...]]:
-        from transformers import GptOssForCausalLM  # noqa: I001 (after the project's own import on purpose)
-
-        from mxmoe.harness.e2e.model import hf_config
+        from transformers import GptOssForCausalLM
 
         with torch.device("meta"):
             model = GptOssForCausalLM(hf_config(self.config))
@@ -286,10 +316,7 @@ def synthetic_config(preset: str) -> dict:
     """config.json of a full-size architecture by name (``PRESETS``)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
-    from mxmoe.harness.e2e.model import hf_config
-    from mxmoe.harness.e2e.tiny import CONFIG
-
-    cfg = hf_config(PRESETS[preset] or CONFIG).to_dict()
+    cfg = hf_config(PRESETS[preset] or TINY_CONFIG).to_dict()
     cfg["quantization_config"] = {"quant_method": "mxfp4"}
     return cfg
 
@@ -297,8 +324,6 @@ def synthetic_config(preset: str) -> dict:
 def open_checkpoint(spec: str) -> Checkpoint:
     """``tiny`` (the committed fixture), ``random:gpt-oss-20b`` / ``random:gpt-oss-120b`` (full-size
     synthetic), or a checkpoint folder."""
-    from mxmoe.harness.e2e.tiny import TINY_DIR
-
     if spec == "tiny":
         return GptOssCheckpoint(TINY_DIR)
     if spec.startswith("random:"):

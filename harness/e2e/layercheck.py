@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from mxmoe.harness.bounds import tied_tokens
+from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.harness.e2e.model import BackendMoE, MoEModel
-from mxmoe.harness.engine import Result, guarded_call, test_id
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.registry import Loaded
-from mxmoe.harness.results import Recorder, save_repro
+from mxmoe.harness.judge.bounds import tied_tokens
+from mxmoe.harness.judge.engine import Result, guarded_call, test_id
+from mxmoe.harness.run.registry import Loaded
+from mxmoe.harness.run.results import Recorder, save_repro
 
 LAYER_TEST_ID = re.compile(r"-layer(\d+)$")
 """A layer's record in a model check has its case's test id with ``-layer<N>`` appended (its

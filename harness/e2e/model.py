@@ -6,7 +6,7 @@ which computes the router logits as transformers does (a bf16 Linear with bias) 
 layer input, the logits and the layer's canonical MXFP4 weights to a backend of the registry,
 the very adapter ``check`` and the pytest plugin use: ``convert`` once per layer (at the layer's
 first call, so that the conversion sees real inputs), ``run`` per call. The oracle is a backend
-too (``harness.honest.Oracle``), so "the model with the oracle's MoE" is the same code path.
+too (``harness.instruments.honest.Oracle``), so "the model with the oracle's MoE" is the same code path.
 
 The model is built on the meta device and only then materialized, so the bf16 expert parameters
 transformers would allocate (38 GB for gpt-oss-20b) never exist; the experts stay MXFP4 (plus
@@ -24,24 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from mxmoe.harness.backend import BackendUnavailable
-from mxmoe.harness.cases import MODELS, Case, make_case
-from mxmoe.harness.e2e.checkpoint import Checkpoint, CheckpointError
-from mxmoe.harness.engine import poisoned
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import device_for
-from mxmoe.harness.registry import Loaded
-
-_NOT_CONFIG = ("quantization_config", "architectures", "torch_dtype", "dtype", "transformers_version", "auto_map")
-
-
-def hf_config(config: dict):  # noqa: ANN201 (transformers.GptOssConfig, imported lazily)
-    """transformers' GptOssConfig of a checkpoint's config.json, eager attention (sinks)."""
-    from transformers import GptOssConfig
-
-    cfg = GptOssConfig.from_dict({k: v for k, v in config.items() if k not in _NOT_CONFIG})
-    cfg._attn_implementation = "eager"
-    return cfg
+from mxmoe.harness.contract.backend import BackendUnavailable
+from mxmoe.harness.contract.cases import MODELS, Case, make_case
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import device_for
+from mxmoe.harness.e2e.checkpoint import Checkpoint, CheckpointError, hf_config
+from mxmoe.harness.judge.engine import poisoned
+from mxmoe.harness.run.registry import Loaded
 
 
 def layer_case(config: dict, tokens: int) -> Case:

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from mxmoe.harness.gpqa.data import mc_prompt
-from mxmoe.harness.inputs import seed_for
+from mxmoe.harness.contract.inputs import seed_for
 
 COLUMNS = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
-LETTERS = ("A", "B", "C", "D")
+LETTERS = "ABCD"
+"""The choices' letters, in GPQA's order (``gpqa.data`` uses the same)."""
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "fruit": ("apple", "banana", "cherry", "grape", "lemon", "mango", "melon", "orange", "peach", "pear", "plum",
@@ -56,6 +56,15 @@ TEMPLATES = (
     "One of the options below is a {cat}. Which one?",
     "Pick the {cat} among the choices.",
 )
+
+
+def mc_prompt(question: str, shown: list[str]) -> str:
+    """GPQA's log-likelihood form's prompt (the synthetic task's questions use it too, so that the
+    tiny model is trained on the format it is scored in): lm-eval's GPQA zero-shot text, ending in ``Answer:``;
+    each choice's text (stripped, as lm-eval's GPQA tasks strip it) is then scored as the
+    continuation (the cloze form)."""
+    lines = "\n".join(f"({LETTERS[i]}) {a.strip()}" for i, a in enumerate(shown))
+    return f"What is the correct answer to this question:{question}\nChoices:\n{lines}\nAnswer:"
 
 
 def make_rows(seed: int, n: int, exclude: set[tuple[str, ...]] | None = None, prefix: str = "syn") -> list[dict]:

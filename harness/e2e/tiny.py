@@ -29,28 +29,11 @@ from pathlib import Path
 import torch
 
 from mxmoe.harness.e2e import task
+from mxmoe.harness.e2e.checkpoint import TINY_CONFIG, GptOssCheckpoint, write_checkpoint
+from mxmoe.harness.e2e.model import MoEModel
 from mxmoe.reference.mxfp4 import fake_quantize, quantize_mxfp4
 
 SEED = 20261130
-TINY_DIR = Path(__file__).resolve().parent / "tiny"
-"""The committed fixture."""
-CONFIG = dict(
-    vocab_size=768,
-    hidden_size=256,
-    intermediate_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    sliding_window=32,
-    max_position_embeddings=512,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    tie_word_embeddings=False,
-    swiglu_limit=7.0,
-)
-"""GptOssConfig of the fixture (the rest as gpt-oss-20b: alpha 1.702, sinks, alternating layers)."""
 SPECIAL = ("<|pad|>", "<|endoftext|>")
 TRAIN_QUESTIONS, TEST_QUESTIONS = 4000, 200
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "task-test.csv")
@@ -82,7 +65,7 @@ def build_tokenizer(texts: list[str], vocab_size: int):  # noqa: ANN201 (tokeniz
 def _config():  # noqa: ANN202
     from transformers import GptOssConfig
 
-    cfg = GptOssConfig(**CONFIG, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    cfg = GptOssConfig(**TINY_CONFIG, pad_token_id=0, eos_token_id=1, bos_token_id=1)
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -119,7 +102,6 @@ def train(
     ``out``; returns the training summary (also written as ``out/fixture.json``)."""
     from transformers import GptOssForCausalLM
 
-    from mxmoe.harness.e2e.checkpoint import write_checkpoint
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +118,7 @@ def train(
             for row in train_rows:
                 prompt, shown, correct = task.format_prompt(row, repeat)
                 texts.append(prompt + task.answer_text(shown[correct]))
-        tok = build_tokenizer(texts, CONFIG["vocab_size"])
+        tok = build_tokenizer(texts, TINY_CONFIG["vocab_size"])
         tok.save(str(out / "tokenizer.json"))
         pad_id, eos_id = (tok.token_to_id(s) for s in SPECIAL)
         assert (pad_id, eos_id) == (0, 1), (pad_id, eos_id)
@@ -224,12 +206,10 @@ def oracle_accuracy(folder: str | Path, rows: list[dict]) -> float:
     """Test accuracy of the checkpoint in ``folder`` with the oracle as every layer's MoE."""
     from tokenizers import Tokenizer
 
-    from mxmoe.harness.e2e.checkpoint import GptOssCheckpoint
-    from mxmoe.harness.e2e.model import MoEModel
-    from mxmoe.harness.registry import load_spec
+    from mxmoe.harness.run.registry import load_spec
 
     model = MoEModel(GptOssCheckpoint(folder), "cpu")
-    model.use(load_spec("mxmoe.harness.honest:Oracle"))
+    model.use(load_spec("mxmoe.harness.instruments.honest:Oracle"))
     tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
     return accuracy(model.logits, lambda s: tok.encode(s).ids, rows, tok.token_to_id(SPECIAL[0]))
 

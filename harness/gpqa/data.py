@@ -20,7 +20,10 @@ import random
 import re
 from pathlib import Path
 
-LETTERS = "ABCD"
+# GPQA's letters and its log-likelihood prompt live with the synthetic task, which is written in the
+# same format (gpqa sits above e2e); this module is where the GPQA tasks read them.
+from mxmoe.harness.e2e.task import LETTERS, mc_prompt  # noqa: F401 (mc_prompt: for tasks/gpqa_docs.py)
+
 ANSWER_COLUMNS = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 COLUMNS = ("Question", *ANSWER_COLUMNS)
 
@@ -86,14 +89,6 @@ def documents(rows: list[dict], repeats: int, limit: int | None = None) -> list[
             }
         )
     return docs
-
-
-def mc_prompt(question: str, shown: list[str]) -> str:
-    """The log-likelihood form's prompt: lm-eval's GPQA zero-shot text, ending in ``Answer:``;
-    each choice's text (stripped, as lm-eval's GPQA tasks strip it) is then scored as the
-    continuation (the cloze form)."""
-    lines = "\n".join(f"({LETTERS[i]}) {a.strip()}" for i, a in enumerate(shown))
-    return f"What is the correct answer to this question:{question}\nChoices:\n{lines}\nAnswer:"
 
 
 def cot_prompt(question: str, shown: list[str]) -> str:

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from mxmoe.harness.contract.inputs import seed_for
 from mxmoe.harness.e2e import task
 from mxmoe.harness.gpqa import data
-from mxmoe.harness.inputs import seed_for
 
 try:
     from lm_eval.api.model import LM
@@ -103,10 +103,10 @@ class MoELM(LM):
         """The checkpoint ``model`` on this host, every MoE layer through the registry backend ``backend``."""
         from tokenizers import Tokenizer
 
+        from mxmoe.harness.contract.platforms import host_arch
         from mxmoe.harness.e2e.checkpoint import open_checkpoint
         from mxmoe.harness.e2e.model import MoEModel
-        from mxmoe.harness.platforms import host_arch
-        from mxmoe.harness.registry import discover, select
+        from mxmoe.harness.run.registry import discover, select
 
         ckpt = open_checkpoint(model)
         folder = getattr(ckpt, "path", None)

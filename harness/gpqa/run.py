@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mxmoe.harness.gpqa import data, stats
-from mxmoe.harness.results import stamp
+from mxmoe.harness.run.results import stamp
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 VARIANTS = ("main", "diamond", "extended")

@@ -19,7 +19,7 @@ differences, Student's t with Q - 1 degrees of freedom, scipy). The McNemar test
 independent, which repeats of one question are not; the interval of the difference does not, and
 both are reported.
 
-**Thresholds** (SPEC section 10): the published GPQA-diamond accuracies of gpt-oss at each
+**Thresholds** (docs/gpqa.md): the published GPQA-diamond accuracies of gpt-oss at each
 reasoning effort, in the chain-of-thought form, less vLLM's margin of 0.05 (vLLM's CI passes
 gpt-oss-20b at low effort at 0.568 - 0.05); for the tiny fixture on its own task, the accuracy the
 oracle's MoE reached when it was trained (``fixture.json``) less the same margin. A bar holds for
@@ -70,7 +70,7 @@ PUBLISHED = {
     ("gpt-oss-120b", "medium"): 0.731,
     ("gpt-oss-120b", "high"): 0.801,
 }
-"""GPQA-diamond accuracy of gpt-oss by reasoning effort (OpenAI's model card; SPEC section 10)."""
+"""GPQA-diamond accuracy of gpt-oss by reasoning effort (OpenAI's model card; docs/gpqa.md)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
-from mxmoe.harness.diagnosis.explain import explain
-from mxmoe.harness.engine import poisoned, run_case
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.mutants import MUTANTS
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import Recorder, save_repro
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.diagnosis.explain import explain, summarize
+from mxmoe.harness.instruments.faults import MUTANTS
+from mxmoe.harness.judge.engine import poisoned, run_case
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import Recorder, save_repro
 
 CASE = make_case("small", 16)
 BY_SLUG = {cls.slug: cls for cls in MUTANTS}
@@ -61,7 +61,7 @@ def test_a_fault_outside_the_catalogue_is_not_explained_and_says_the_nearest(hos
 
 
 def test_diagnose_reads_a_reproducer(tmp_path, capsys, host_arch):
-    loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
+    loaded = load_spec("mxmoe.harness.instruments.faults:NibbleOrderSwapped")
     result, inputs = run_case(loaded.backend, CASE, host_arch)
     repro = save_repro(tmp_path, result, inputs, loaded.spec)
     Recorder(tmp_path).record(result, loaded, repro)
@@ -73,13 +73,13 @@ def test_diagnose_reads_a_reproducer(tmp_path, capsys, host_arch):
 def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproducer_and_the_report(tmp_path, host_arch):
     import json
 
-    from mxmoe.harness.engine import failure_message
+    from mxmoe.harness.judge.engine import failure_message
     from mxmoe.reports.build import build
     from mxmoe.reports.collect import collect
     from mxmoe.reports.policy import load_policy
 
-    loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
-    result, inputs = run_case(loaded.backend, CASE, host_arch, diagnose=True)
+    loaded = load_spec("mxmoe.harness.instruments.faults:NibbleOrderSwapped")
+    result, inputs = run_case(loaded.backend, CASE, host_arch, diagnose=summarize)
     assert result.outcome == "FAIL" and result.diagnosis.startswith("explained by: nibble-order")
     assert f"Diagnosis: {result.diagnosis}" in failure_message(result)
     plain, _ = run_case(loaded.backend, CASE, host_arch)
@@ -91,7 +91,7 @@ def test_a_failure_carries_its_diagnosis_to_the_message_the_record_the_reproduce
     assert failure["diagnosis"] == result.diagnosis
 
 
-class Bf16Combine(load_spec("mxmoe.harness.honest:HonestFp32").backend.__class__):
+class Bf16Combine(load_spec("mxmoe.harness.instruments.honest:HonestFp32").backend.__class__):
     """HonestFp32 whose top-k combine accumulates in bf16 where fp32 is declared."""
 
     combine = torch.bfloat16
@@ -102,7 +102,7 @@ def test_a_fault_with_no_effect_on_the_case_is_never_named(host_arch):
     hard-coded Renormalize, bias-in-weights and ignored expert map change nothing there (their output
     is the honest layer's), so they explain nothing, whatever the kernel did."""
     case = make_case("small", 64)
-    result, _ = run_case(Bf16Combine(), case, host_arch, diagnose=True)
+    result, _ = run_case(Bf16Combine(), case, host_arch, diagnose=summarize)
     assert result.outcome == "FAIL", result.reason
     for no_op in ("routing-hardcoded", "bias-in-weights", "expert-map-ignored"):
         assert no_op not in result.diagnosis, result.diagnosis

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.diagnosis.shrink import shrink
-from mxmoe.harness.engine import run_case
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.mutants import NibbleOrderSwapped, OneScaleByteOff
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import save_repro
+from mxmoe.harness.instruments.faults import NibbleOrderSwapped, OneScaleByteOff
+from mxmoe.harness.judge.engine import run_case
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import save_repro
 
 
 def _bytes(inputs: object) -> int:
@@ -42,7 +42,7 @@ def test_a_gpt_oss_20b_failure_shrinks_to_a_reproducer_under_a_megabyte(tmp_path
     if profile == "pr":
         pytest.skip("nightly profile: gpt-oss-20b's float64 oracle takes minutes on a CPU (the pr profile shrinks "
                     "the small model's failures above)")  # fmt: skip
-    loaded = load_spec("mxmoe.harness.mutants:NibbleOrderSwapped")
+    loaded = load_spec("mxmoe.harness.instruments.faults:NibbleOrderSwapped")
     case = make_case("gptoss20b", 7)
     result, inputs = run_case(loaded.backend, case, host_arch)
     repro = save_repro(tmp_path / "big", result, inputs, loaded.spec)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
 from mxmoe.harness.distributed.launch import run_dist
 from mxmoe.harness.distributed.shard import FAULTS, Plan, reduction_bound
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import read_results
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import read_results
 
 SUITES = Path(__file__).resolve().parents[1]
 BACKENDS = {"emulation": "mxmoe.kernels.emulation:Emulation",
@@ -25,7 +25,7 @@ CASE = make_case("tpsmall", 9)  # I=224: TP2 shards 128 + 96, TP4 64 x 3 + 32; E
 def _arch(world: int) -> str:
     """Where a check of ``world`` ranks runs: on this host's GPUs (NCCL) where it has that many, else
     on its CPU (gloo), which every host has."""
-    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.contract.platforms import host_arch
 
     return host_arch() if torch.cuda.is_available() and torch.cuda.device_count() >= world else "cpu"
 

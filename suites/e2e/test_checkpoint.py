@@ -10,15 +10,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from mxmoe.harness.contract.inputs import generator_for, random_mxfp4_weights
 from mxmoe.harness.e2e.checkpoint import (
+    TINY_DIR,
     CheckpointError,
     GptOssCheckpoint,
     expert_name,
     open_checkpoint,
     write_checkpoint,
 )
-from mxmoe.harness.e2e.tiny import TINY_DIR
-from mxmoe.harness.inputs import generator_for, random_mxfp4_weights
 from mxmoe.reference.mxfp4 import dequantize_mxfp4
 
 pytest.importorskip("transformers", reason="the model-level checks need transformers (pip install transformers)")

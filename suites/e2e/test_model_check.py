@@ -11,19 +11,22 @@ import torch
 
 pytest.importorskip("transformers", reason="the model-level checks need transformers (pip install transformers)")
 
-from mxmoe.harness.backend import BackendUnavailable  # noqa: E402
-from mxmoe.harness.bounds import tie_aware_bound  # noqa: E402
-from mxmoe.harness.cli import main  # noqa: E402
+from mxmoe.harness.cli.app import main  # noqa: E402
+from mxmoe.harness.contract.backend import BackendUnavailable  # noqa: E402
+from mxmoe.harness.contract.inputs import CaseInputs, make_inputs  # noqa: E402
+from mxmoe.harness.contract.platforms import host_arch  # noqa: E402
 from mxmoe.harness.e2e import task  # noqa: E402
-from mxmoe.harness.e2e.checkpoint import open_checkpoint  # noqa: E402
+from mxmoe.harness.e2e.checkpoint import (
+    TINY_DIR,  # noqa: E402
+    open_checkpoint,  # noqa: E402
+)
 from mxmoe.harness.e2e.layercheck import check_model  # noqa: E402
 from mxmoe.harness.e2e.model import MoEModel, layer_case  # noqa: E402
-from mxmoe.harness.e2e.tiny import TINY_DIR, accuracy  # noqa: E402
-from mxmoe.harness.honest import Oracle  # noqa: E402
-from mxmoe.harness.inputs import CaseInputs, make_inputs  # noqa: E402
-from mxmoe.harness.mutants import mutant_specs  # noqa: E402
-from mxmoe.harness.platforms import host_arch  # noqa: E402
-from mxmoe.harness.registry import discover, load_spec, select  # noqa: E402
+from mxmoe.harness.e2e.tiny import accuracy  # noqa: E402
+from mxmoe.harness.instruments.faults import mutant_specs  # noqa: E402
+from mxmoe.harness.instruments.honest import Oracle  # noqa: E402
+from mxmoe.harness.judge.bounds import tie_aware_bound  # noqa: E402
+from mxmoe.harness.run.registry import discover, load_spec, select  # noqa: E402
 from mxmoe.reference.moe import Precision  # noqa: E402
 
 ARCH = host_arch()
@@ -230,7 +233,7 @@ def test_a_backend_given_by_file_can_be_the_models_moe(tiny, tmp_path):
     path = tmp_path / "my_backend.py"
     path.write_text(
         "import dataclasses, torch\n"
-        "from mxmoe.harness.honest import Oracle\n"
+        "from mxmoe.harness.instruments.honest import Oracle\n"
         "class Mine(Oracle):\n"
         "    declaration = dataclasses.replace(Oracle.declaration, id='my-moe', kind='backend')\n"
     )
@@ -246,7 +249,7 @@ def test_a_backend_that_crashes_loses_no_other_backends_results(tmp_path, capsys
     path = tmp_path / "flaky.py"
     path.write_text(
         "import dataclasses\n"
-        "from mxmoe.harness.honest import Oracle\n"
+        "from mxmoe.harness.instruments.honest import Oracle\n"
         "class AtLayer2(Oracle):\n"
         "    declaration = dataclasses.replace(Oracle.declaration, id='raises-at-layer2', kind='backend')\n"
         "    calls = 0\n"

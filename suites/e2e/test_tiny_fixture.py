@@ -10,10 +10,13 @@ import pytest
 
 pytest.importorskip("transformers", reason="the model-level checks need transformers (pip install transformers)")
 
-from mxmoe.harness.cli import main  # noqa: E402
+from mxmoe.harness.cli.app import main  # noqa: E402
 from mxmoe.harness.e2e import task  # noqa: E402
-from mxmoe.harness.e2e.checkpoint import GptOssCheckpoint  # noqa: E402
-from mxmoe.harness.e2e.tiny import FILES, TINY_DIR  # noqa: E402
+from mxmoe.harness.e2e.checkpoint import (
+    TINY_DIR,  # noqa: E402
+    GptOssCheckpoint,  # noqa: E402
+)
+from mxmoe.harness.e2e.tiny import FILES  # noqa: E402
 
 
 def test_the_committed_fixture_matches_its_record():

@@ -10,10 +10,10 @@ import functools
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from mxmoe.harness.cases import MODELS, Case, make_case, tp_shard
-from mxmoe.harness.inputs import CaseInputs, make_inputs
-from mxmoe.harness.platforms import device_for, host_arch
-from mxmoe.harness.zoo import SMALL_MODELS
+from mxmoe.harness.contract.cases import MODELS, Case, make_case, tp_shard
+from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
+from mxmoe.harness.contract.platforms import device_for, host_arch
+from mxmoe.harness.run.profiles import SMALL_MODELS
 
 TOKENS = st.one_of(
     st.just(0),

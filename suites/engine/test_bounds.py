@@ -16,14 +16,15 @@ import pytest
 import torch
 from case_strategies import cached_inputs
 
-from mxmoe.harness.backend import Arithmetic, Backend, Declaration
-from mxmoe.harness.bounds import reference_and_bound
-from mxmoe.harness.engine import compare, run_case
-from mxmoe.harness.honest import HONEST, HonestFp32
-from mxmoe.harness.inputs import CaseInputs
-from mxmoe.harness.platforms import ARCHS
-from mxmoe.harness.zoo import SMALL_MODELS, profile_cases
-from mxmoe.kernels.emulation import Emulation, Prepared
+from mxmoe.harness.contract.backend import Arithmetic, Backend, Declaration
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import ARCHS
+from mxmoe.harness.instruments.honest import HONEST, HonestFp32
+from mxmoe.harness.instruments.torch_moe import Prepared
+from mxmoe.harness.judge.bounds import reference_and_bound
+from mxmoe.harness.judge.engine import compare, run_case
+from mxmoe.harness.run.profiles import SMALL_MODELS, profile_cases
+from mxmoe.kernels.emulation import Emulation
 from mxmoe.reference.moe import Precision
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
 from mxmoe.reference.routing import route
@@ -136,9 +137,9 @@ def test_dsv3_scale_byte_minus_one_at_t7_is_caught_by_the_systematic_test(profil
         pytest.skip("DeepSeek-V3 weights dequantized take ~45 GB: under --profile nightly, on a GPU")
     if not torch.cuda.is_available():
         pytest.skip("DeepSeek-V3 weights dequantized take ~45 GB: needs a GPU")
-    from mxmoe.harness.cases import make_case
-    from mxmoe.harness.inputs import make_inputs
-    from mxmoe.harness.platforms import device_for, host_arch
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.contract.inputs import make_inputs
+    from mxmoe.harness.contract.platforms import device_for, host_arch
 
     case = make_case("dsv3", 7)
     inputs = make_inputs(case, device_for(host_arch()))

@@ -15,11 +15,11 @@ from case_strategies import cached_inputs, cases
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mxmoe.harness.cases import Case, make_case, tp_shard
-from mxmoe.harness.engine import checksum, run_case
-from mxmoe.harness.honest import HonestFp32, HonestMxfp8
-from mxmoe.harness.inputs import make_inputs, seed_for
-from mxmoe.harness.zoo import PROFILES, SMALL_MODELS, profile_cases
+from mxmoe.harness.contract.cases import Case, make_case, tp_shard
+from mxmoe.harness.contract.inputs import make_inputs, seed_for
+from mxmoe.harness.instruments.honest import HonestFp32, HonestMxfp8
+from mxmoe.harness.judge.engine import checksum, run_case
+from mxmoe.harness.run.profiles import PROFILES, SMALL_MODELS, profile_cases
 from mxmoe.reference.routing import topk_margin
 
 ID_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -88,8 +88,8 @@ def test_inputs_are_a_pure_function_of_the_id():
     reverse = [checksum(make_inputs(c).tensors()) for c in reversed(_PURE_CASES)][::-1]
     assert first == again == reverse
     code = (
-        "import json; from mxmoe.harness.cases import Case; from mxmoe.harness.engine import checksum; "
-        "from mxmoe.harness.inputs import make_inputs; import sys; "
+        "import json; from mxmoe.harness.contract.cases import Case; from mxmoe.harness.judge.engine import checksum; "
+        "from mxmoe.harness.contract.inputs import make_inputs; import sys; "
         "cs = [Case.from_dict(d) for d in json.loads(sys.argv[1])]; "
         "print(json.dumps([checksum(make_inputs(c).tensors()) for c in cs]))"
     )

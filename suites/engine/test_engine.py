@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.backend import XFail
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.engine import failure_message, run_case
-from mxmoe.harness.honest import HonestFp32
+from mxmoe.harness.contract.backend import XFail
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.diagnosis.explain import summarize
+from mxmoe.harness.instruments.honest import HonestFp32
+from mxmoe.harness.judge.engine import failure_message, run_case
 from mxmoe.kernels.emulation import Emulation
 
 CASE = make_case("tiny", 7)
@@ -132,9 +133,9 @@ def test_nondeterminism_fails_a_backend_declared_deterministic(host_arch):
 
 
 def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong(host_arch):
-    result, _ = run_case(Flaky(), CASE, host_arch, diagnose=True)
+    result, _ = run_case(Flaky(), CASE, host_arch, diagnose=summarize)
     assert result.diagnosis.startswith("none needed: both runs are within the bound"), result.diagnosis
-    result, _ = run_case(WrongSecondRun(), CASE, host_arch, diagnose=True)
+    result, _ = run_case(WrongSecondRun(), CASE, host_arch, diagnose=summarize)
     assert result.outcome == "FAIL" and result.metrics.over_bound == 0
     assert result.diagnosis.startswith("of the second run (the first is within the bound"), result.diagnosis
 
@@ -220,7 +221,7 @@ def test_failure_message_is_assert_close_style_and_ends_with_the_replay(host_arc
 
 _FAULTY_FILE = """
 import dataclasses
-from mxmoe.harness.platforms import host_arch
+from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.kernels.emulation import Emulation
 
 # this host's arch and one it lacks: one test of each kind wherever the suite runs
@@ -277,7 +278,7 @@ def test_plugin_records_results_and_reproducers(tmp_path, host_arch):
     run = _pytest("suites/engine/test_differential.py", *sel, "-k", f"{host_arch}-tiny-interleaved-t",
                   "--results", str(results))
     assert run.returncode == 1, run.stdout
-    from mxmoe.harness.results import read_results
+    from mxmoe.harness.run.results import read_results
 
     records = read_results(results)
     outcomes = {(r["backend"], r["outcome"]) for r in records}
@@ -296,7 +297,7 @@ def test_plugin_results_under_xdist_keep_every_worker(tmp_path, host_arch):
         "--results", str(results),
     )
     assert run.returncode == 0, run.stdout
-    from mxmoe.harness.results import read_results
+    from mxmoe.harness.run.results import read_results
 
     files = sorted(results.glob("results-*.jsonl"))
     records = read_results(results)
@@ -310,9 +311,9 @@ def test_plugin_results_under_xdist_keep_every_worker(tmp_path, host_arch):
 def test_a_bound_that_is_not_finite_is_an_error_never_a_pass(bad, host_arch, host_device):
     """A NaN compares False with everything: a NaN (or infinite) bound would pass any output at
     that element. The harness's own failure is an ERROR, and never counted as a catch."""
-    from mxmoe.harness.bounds import reference_and_bound
-    from mxmoe.harness.engine import harness_error
-    from mxmoe.harness.inputs import make_inputs
+    from mxmoe.harness.contract.inputs import make_inputs
+    from mxmoe.harness.judge.bounds import reference_and_bound
+    from mxmoe.harness.judge.engine import harness_error
 
     inputs = make_inputs(CASE, host_device)
     bounded = reference_and_bound(inputs, HonestFp32.declaration.arithmetic)

@@ -17,9 +17,9 @@ pytest.importorskip("transformers", reason="the GPQA runs need transformers (pip
 pytest.importorskip("lm_eval", reason="the GPQA runs need lm-eval (pip install 'lm-eval[api]')")
 pytest.importorskip("statsmodels", reason="the GPQA statistics need statsmodels (pip install statsmodels)")
 
-from mxmoe.harness.cli import main  # noqa: E402
+from mxmoe.harness.cli.app import main  # noqa: E402
 from mxmoe.harness.e2e import task  # noqa: E402
-from mxmoe.harness.e2e.tiny import TINY_DIR  # noqa: E402
+from mxmoe.harness.e2e.checkpoint import TINY_DIR  # noqa: E402
 
 TASK = "gpqa_diamond_mc"
 FAULTS = ("mutant-rows-unwritten", "mutant-nibble-order")
@@ -320,11 +320,11 @@ def test_the_server_route_gives_the_in_process_samples(tmp_path):
     sample's own seed and parses what comes back exactly."""
     from tokenizers import Tokenizer
 
+    from mxmoe.harness.contract.platforms import host_arch
     from mxmoe.harness.e2e.checkpoint import open_checkpoint
     from mxmoe.harness.e2e.model import MoEModel
     from mxmoe.harness.gpqa.lm import MoELM, chat_template_of
-    from mxmoe.harness.platforms import host_arch
-    from mxmoe.harness.registry import discover, select
+    from mxmoe.harness.run.registry import discover, select
 
     common = ["--task", "gpqa_diamond_cot", "--limit", "3", "--repeats", "2", "--max-tokens", "12"]
     local = tmp_path / "local"

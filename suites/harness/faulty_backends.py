@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from mxmoe.harness.backend import Arithmetic, Declaration
-from mxmoe.harness.platforms import ARCHS
-from mxmoe.kernels.emulation import TorchMoE
+from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.platforms import ARCHS
+from mxmoe.harness.instruments.torch_moe import TorchMoE
 from mxmoe.reference.moe import Precision
 
 _FUSED = Arithmetic(precision=Precision(intermediate="bf16", output=torch.bfloat16))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mxmoe.harness.platforms import ARCHS, host_arch
-from mxmoe.harness.registry import BUILTIN, load_spec
-from mxmoe.harness.results import read_results
+from mxmoe.harness.contract.platforms import ARCHS, host_arch
+from mxmoe.harness.run.registry import BUILTIN, load_spec
+from mxmoe.harness.run.results import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness import platforms
+from mxmoe.harness.contract import platforms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_workers_are_pinned_to_gpus_round_robin(monkeypatch):
 def test_xdist_loses_no_result_when_a_worker_is_killed_mid_run(tmp_path):
     """crash-fp32 ends its process at T=1 (os._exit, as an illegal memory access does) and
     segfaults at T=7; under -n 2 both workers die mid-run and are replaced."""
-    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.contract.platforms import host_arch
 
     results = tmp_path / "results"
     arch = host_arch()
@@ -58,7 +58,7 @@ def test_xdist_loses_no_result_when_a_worker_is_killed_mid_run(tmp_path):
 def test_each_worker_runs_on_its_own_gpu(runner, tmp_path):
     """-n auto (xdist workers pinned to GPUs round-robin) and check --workers N: every GPU is used, each worker
     process stays on one GPU."""
-    from mxmoe.harness.platforms import host_arch
+    from mxmoe.harness.contract.platforms import host_arch
 
     n = torch.cuda.device_count()
     log = tmp_path / "devices.log"

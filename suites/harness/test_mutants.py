@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from mxmoe.harness.cli import main
-from mxmoe.harness.honest import HONEST
-from mxmoe.harness.mutants import MUTANTS, Mutant
-from mxmoe.harness.zoo import profile_cases
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.instruments.faults import MUTANTS, Mutant
+from mxmoe.harness.instruments.honest import HONEST
+from mxmoe.harness.run.profiles import profile_cases
 
 ISSUE_LIST = {
     "interleaved-as-chunked", "gate-up-swapped", "pair-swapped", "nibble-order", "scales-wrong-axis",
@@ -59,7 +59,7 @@ def test_the_matrix(tmp_path):
     assert r["runs"] + r["skips"] == n
     assert 0 < r["fails"] < r["runs"]
 
-    # SPEC section 9: vLLM's 80%-within-0.3 rule lets several of these through; all are caught here
+    # vLLM's 80%-within-0.3 rule lets several of these through (docs/peers.md); all are caught here
     assert all(set(r["peer_catches"]) == {"vllm_80pct_0p3", "triton_kernels"} for r in rows.values())
     let_through = [r["id"] for r in faults if r["peer_catches"]["vllm_80pct_0p3"] == 0]
     assert len(let_through) >= 5, let_through
@@ -70,7 +70,7 @@ def test_the_matrix(tmp_path):
 
 def test_a_row_that_ran_nothing_or_met_a_harness_error_shows_nothing():
     """No runs is not clean (nor MISSED); a harness-side ERROR is not a catch."""
-    from mxmoe.harness.mutants import BAD_VERDICTS, Row
+    from mxmoe.harness.audits.catalogue import BAD_VERDICTS, Row
 
     assert Row("honest-fp32", "honest", None, "honest").verdict == "NOT RUN"
     assert Row("mutant-x", "a fault", None, "mutant").verdict == "NOT RUN"

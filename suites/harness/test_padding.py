@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from mxmoe.harness.inputs import generator_for, random_mxfp4_weights, tie_free_logits
-from mxmoe.harness.padding import pad_weights, padded_bytes, round_up, unpad_weights
+from mxmoe.harness.contract.inputs import generator_for, random_mxfp4_weights, tie_free_logits
+from mxmoe.harness.contract.padding import pad_weights, padded_bytes, round_up, unpad_weights
 from mxmoe.reference.activation import LAYOUTS
 from mxmoe.reference.moe import moe
 
@@ -23,7 +23,7 @@ def _weights(layout: str, bias: bool = True):
 
 def test_round_up():
     assert [round_up(n, 64) for n in (0, 1, 64, 65, 360)] == [0, 64, 64, 128, 384]
-    assert round_up(360, 256) == 512  # the ROCm TP8 gpt-oss shard of SPEC section 6
+    assert round_up(360, 256) == 512  # the ROCm TP8 gpt-oss shard (docs/formats.md)
     with pytest.raises(ValueError, match="multiple"):
         round_up(10, 0)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
-from mxmoe.harness.engine import bitwise_differences, run_case
-from mxmoe.harness.platforms import host_arch
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import SCHEMA, Recorder, load_repro, read_results, save_repro
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.platforms import host_arch
+from mxmoe.harness.judge.engine import bitwise_differences, run_case
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import SCHEMA, Recorder, load_repro, read_results, save_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTY = Path(__file__).with_name("faulty_backends.py")
@@ -28,7 +28,7 @@ FIELDS = {
 
 @pytest.fixture(scope="module")
 def honest():
-    return load_spec("mxmoe.harness.honest:HonestFp32")
+    return load_spec("mxmoe.harness.instruments.honest:HonestFp32")
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,11 @@ def test_records_are_appended_as_they_happen(tmp_path, honest):
 
 _WRITER = """
 import sys
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.engine import Result
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import Recorder
-loaded = load_spec("mxmoe.harness.honest:HonestFp32")
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.judge.engine import Result
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import Recorder
+loaded = load_spec("mxmoe.harness.instruments.honest:HonestFp32")
 rec = Recorder(sys.argv[1])
 case = make_case("tiny", 1)
 for i in range(200):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mxmoe.harness import vllm_drift as vd
-from mxmoe.harness.registry import discover
-from mxmoe.harness.vendor import DEFAULT_VLLM, NEWEST_VLLM
+from mxmoe.harness.run.registry import discover
+from mxmoe.harness.upstream import vllm_drift as vd
+from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
 
 DECLARATIONS = [item.backend.declaration for item in discover()]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def _not_fetched(version: str) -> str:
 def _facts() -> dict:
     """sm90 facts as vLLM 0.26.0 reports them where they agree with the declarations."""
     ours = {d.vllm_backend: d for d in DECLARATIONS if d.vllm_backend}
-    from mxmoe.harness.selection import GPT_OSS_PRIORITY
+    from mxmoe.harness.upstream.selection import GPT_OSS_PRIORITY
 
     return {
         "arch": "sm90",

@@ -16,7 +16,7 @@ import pytest
 
 fi = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed (./dev installs it without a GPU)")
 
-from mxmoe.harness.jitbuild import flashinfer_sm90 as fs  # noqa: E402
+from mxmoe.harness.upstream import flashinfer_sm90 as fs  # noqa: E402
 
 
 @pytest.fixture

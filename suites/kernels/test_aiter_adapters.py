@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from mxmoe.harness import platforms
-from mxmoe.harness.backend import BackendUnavailable
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.inputs import make_inputs
+from mxmoe.harness.contract import platforms
+from mxmoe.harness.contract.backend import BackendUnavailable
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.kernels import storage
 from mxmoe.kernels.aiter_common import (
     AITER_ACTIVATIONS,

@@ -11,10 +11,10 @@ import functools
 import pytest
 import torch
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.convert import ROLES
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.registry import discover
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.convert import ROLES
+from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.run.registry import discover
 
 BACKENDS = [item.backend for item in discover() if item.backend.declaration.kind == "backend"]
 CASES = [

@@ -1,21 +1,21 @@
-"""Each backend's declaration against SPEC section 6's table (devices, activation quantization,
-w13 rows, round-ups), written out here independently of the modules, so that a change to either
-is a visible decision. Ids carry the architectures (``pytest -k gfx942``)."""
+"""Each backend's declaration against the table of docs/formats.md (devices, activation
+quantization, w13 rows, round-ups), written out here independently of the modules, so that a change
+to either is a visible decision. Ids carry the architectures (``pytest -k gfx942``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mxmoe.harness.backend import BackendUnavailable, Declaration, VendorKernel
-from mxmoe.harness.registry import discover
-from mxmoe.harness.selection import GPT_OSS_PRIORITY, MOE_BACKENDS
+from mxmoe.harness.contract.backend import BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.run.registry import discover
+from mxmoe.harness.upstream.selection import GPT_OSS_PRIORITY, MOE_BACKENDS
 
 # vLLM name: (archs, quant, w13 layout, hidden round-up, intermediate round-up, bias dtype)
-SPEC = {
+DECLARED = {
     "FLASHINFER_TRTLLM_MXFP4_BF16": (("sm100",), "w4a16", "pair_swapped", 256, 128, "fp32"),
     "FLASHINFER_TRTLLM_MXFP4_MXFP8": (("sm100",), "w4a8-mxfp8", "pair_swapped", 256, 128, "fp32"),
     "FLASHINFER_CUTLASS_MXFP4_BF16": (("sm90",), "w4a16", "chunked_up_gate", 128, 128, "bf16"),
-    # SPEC lists sm100; vLLM 0.26 also takes the scheme on SM12x (has_device_capability(100)), found by vllm-drift
+    # sm100 as first read; vLLM 0.26 also takes the scheme on SM12x (has_device_capability(100)), found by vllm-drift
     "FLASHINFER_CUTLASS_MXFP4_MXFP8": (("sm100", "sm120"), "w4a8-mxfp8", "chunked_up_gate", 128, 128, "bf16"),
     "TRITON": (("sm90", "sm100", "gfx942", "gfx950"), "w4a16", "interleaved", 32, 64, "fp32"),
     "TRITON_UNFUSED": (("sm90", "sm100", "gfx942", "gfx950"), "w4a16", "chunked_gate_up", 32, 64, "fp32"),
@@ -35,16 +35,16 @@ def _id(d: Declaration) -> str:
 
 
 def test_every_backend_of_the_design_has_a_module():
-    assert set(VLLM) == set(SPEC)
+    assert set(VLLM) == set(DECLARED)
     assert all(item.spec.startswith("mxmoe.kernels.") for item in VLLM.values())
-    assert len({item.spec.split(":")[0] for item in VLLM.values()}) == len(SPEC), "one module per backend"
+    assert len({item.spec.split(":")[0] for item in VLLM.values()}) == len(DECLARED), "one module per backend"
     assert {"portable-triton", "portable-triton-chunked"} <= {item.backend.declaration.id for item in LOADED}
 
 
-@pytest.mark.parametrize("name", list(SPEC), ids=lambda n: _id(VLLM[n].backend.declaration))
-def test_declaration_matches_spec(name):
+@pytest.mark.parametrize("name", list(DECLARED), ids=lambda n: _id(VLLM[n].backend.declaration))
+def test_declaration_matches_the_table(name):
     d = VLLM[name].backend.declaration
-    assert (d.archs, d.quant, d.w13_layout, d.hidden_align, d.intermediate_align, d.bias_dtype) == SPEC[name]
+    assert (d.archs, d.quant, d.w13_layout, d.hidden_align, d.intermediate_align, d.bias_dtype) == DECLARED[name]
     assert name in GPT_OSS_PRIORITY or name == "TRITON_UNFUSED"  # vLLM: "TRITON_UNFUSED has bug with MTP support"
     assert any(name in names for key, names in MOE_BACKENDS.items() if key != "auto"), "reachable by --moe-backend"
 

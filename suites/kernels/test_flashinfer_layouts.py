@@ -30,13 +30,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.vendor import cache_dir
+from mxmoe.harness.upstream.fetch import flashinfer_root
 from mxmoe.kernels import storage
 from mxmoe.kernels.flashinfer_common import NEWEST_FLASHINFER, SM90_LAYOUTS, installed_version, sm90_generation
 from mxmoe.reference.activation import convert_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-NEWEST_DIR = cache_dir() / "vendor" / f"flashinfer-{NEWEST_FLASHINFER}"
+NEWEST_DIR = flashinfer_root(NEWEST_FLASHINFER)
 WEIGHT_KERNEL_SOURCE = "data/csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_mixed_utils.cu"
 """Where a flashinfer-python wheel keeps the SM90 weight interleave kernel, from the package folder."""
 EPILOGUE_TILE_M = 128
@@ -202,8 +202,8 @@ class Release:
 def _run_newest(cases_file: Path, out_file: Path) -> None:
     if not (NEWEST_DIR / "flashinfer" / "__init__.py").is_file():
         pytest.skip(
-            f"flashinfer-python {NEWEST_FLASHINFER} is not in {NEWEST_DIR}: ./dev puts it there on hosts without a "
-            f"GPU, or run `pip install --no-deps --target {NEWEST_DIR} flashinfer-python=={NEWEST_FLASHINFER}`"
+            f"flashinfer-python {NEWEST_FLASHINFER} is not in {NEWEST_DIR}: `./dev test` fetches it on hosts without "
+            "a GPU, or run `python -m harness fetch flashinfer`"
         )
     cmd = [sys.executable, __file__, str(NEWEST_DIR), NEWEST_FLASHINFER, str(cases_file), str(out_file)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -283,11 +283,17 @@ def test_trtllm_w13_pair_swap_and_shuffle_match_flashinfer_sm100(release, rows):
         assert torch.equal(theirs.long(), ours), (release.version, kind)
 
 
-def test_dev_fetches_the_newest_flashinfer():
-    """./dev's copy of the newest release is the one these tests look for."""
+def test_dev_test_prefetches_the_release_these_tests_read():
+    """``./dev test`` prefetches ``fetch flashinfer``, and that command's default release lands where
+    these tests look for the newest one (a set-up that fetched another would make them skip)."""
+    from mxmoe.harness.cli.app import build_parser
+
     dev = (ROOT / "dev").read_text()
-    assert f"flashinfer-python=={NEWEST_FLASHINFER}" in dev
-    assert f"vendor/flashinfer-{NEWEST_FLASHINFER}" in dev
+    prefetch = dev[dev.index("prefetch() {"):]
+    prefetch = prefetch[: prefetch.index("\n}\n")]
+    assert '"flashinfer"' in prefetch and "harness fetch $what --if-missing" in prefetch
+    args = build_parser().parse_args(["fetch", "flashinfer"])
+    assert flashinfer_root(args.flashinfer_version) == NEWEST_DIR
 
 
 if __name__ == "__main__":  # the newest release's side: python THIS_FILE PACKAGE_ROOT VERSION CASES OUT

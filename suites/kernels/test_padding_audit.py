@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
-from mxmoe.harness.convert import padded_sizes
-from mxmoe.harness.padding_audit import AUDIT_MODELS, AUDIT_TPS, audit, ideal_bytes
-from mxmoe.harness.registry import discover
+from mxmoe.harness.audits.padding_audit import AUDIT_MODELS, AUDIT_TPS, audit, ideal_bytes
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.convert import padded_sizes
+from mxmoe.harness.run.registry import discover
 from mxmoe.kernels import storage
 
 BACKENDS = [item.backend for item in discover() if item.backend.declaration.kind == "backend"]
@@ -35,14 +35,14 @@ def test_every_model_tp_backend(rows):
 def test_rocm_tp8_gptoss_360_padded_to_512(rows, backend, model):
     (r,) = [r for r in rows if r.model == model and r.tp == 8 and r.backend == backend.declaration.id]
     assert (r.partition, r.padded_intermediate, r.padded_hidden) == (360, 512, 3072)
-    assert r.padded_intermediate / r.partition - 1 == pytest.approx(0.4222, abs=1e-4)  # SPEC section 6: 42%
+    assert r.padded_intermediate / r.partition - 1 == pytest.approx(0.4222, abs=1e-4)  # 42% (docs/backends.md)
     assert r.waste == pytest.approx(512 * 3072 / (360 * 2880) - 1, rel=1e-9)  # with the hidden round-up
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b.declaration.id}-{'-'.join(b.declaration.archs)}")
 def test_audit_bytes_match_a_whole_conversion(backend):
     """The audit's per-expert extrapolation equals converting every expert of a small layer."""
-    from mxmoe.harness.inputs import make_inputs
+    from mxmoe.harness.contract.inputs import make_inputs
 
     case = make_case("tpsmall", 1, tp=2, tp_rank=1)
     conv = backend.convert_weights(make_inputs(case, "cpu"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mxmoe.harness.cli import main
-from mxmoe.harness.registry import discover
-from mxmoe.harness.selection import MOE_BACKENDS, Deployment, NoBackend, select_backend
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.run.registry import discover
+from mxmoe.harness.upstream.selection import MOE_BACKENDS, Deployment, NoBackend, select_backend
 
 DECLS = [item.backend.declaration for item in discover()]
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.backend import BackendUnavailable, VendorKernel
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.convert import Target, convert_weights
-from mxmoe.harness.engine import run_case
-from mxmoe.harness.inputs import make_inputs
-from mxmoe.harness.registry import discover
-from mxmoe.harness.selection import MOE_BACKENDS
-from mxmoe.harness.vendor import VendorMissing, extract_triton_kernels
+from mxmoe.harness.contract.backend import BackendUnavailable, VendorKernel
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.convert import Target, convert_weights
+from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.judge.engine import run_case
+from mxmoe.harness.run.registry import discover
+from mxmoe.harness.upstream.fetch import VendorMissing, extract_triton_kernels
+from mxmoe.harness.upstream.selection import MOE_BACKENDS
 from mxmoe.kernels import flashinfer_common as fic
 from mxmoe.kernels import storage
 from mxmoe.kernels.oai_triton import HOPPER_MIN_N, OaiTriton, pack_topk_bits
@@ -43,7 +43,7 @@ def test_importing_every_backend_imports_no_vendor_package():
     """Declarations, conversions and selection work without any vendor package: none is imported
     until a backend's ``load`` (on a host that can run it)."""
     code = (
-        "import sys; from mxmoe.harness.registry import discover; discover(); "
+        "import sys; from mxmoe.harness.run.registry import discover; discover(); "
         "print(sorted(m for m in ('flashinfer', 'triton_kernels', 'aiter', 'vllm') if m in sys.modules))"
     )
     proc = _run(code)
@@ -104,9 +104,9 @@ def test_fetch_takes_only_the_vendored_triton_kernels_out_of_a_wheel(tmp_path):
     # found at run time from the cache, when nothing is installed, by its own name
     code = (
         "import sys; sys.modules.pop('triton_kernels', None); "
-        "from pathlib import Path; from mxmoe.harness import vendor; "
-        "vendor.triton_kernels_root = lambda v=None: Path(sys.argv[-1]); "
-        "m = vendor.import_triton_kernels(); print(m.ORIGIN)"
+        "from pathlib import Path; from mxmoe.harness.upstream import fetch; "
+        "fetch.triton_kernels_root = lambda v=None: Path(sys.argv[-1]); "
+        "m = fetch.import_triton_kernels(); print(m.ORIGIN)"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=ROOT, timeout=120
@@ -126,7 +126,7 @@ def test_pypi_lookalike_triton_kernels_is_refused(tmp_path):
     fake = tmp_path / "site" / "triton_kernels"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    code = "from mxmoe.harness import vendor; vendor.import_triton_kernels()"
+    code = "from mxmoe.harness.upstream import fetch; fetch.import_triton_kernels()"
     proc = _run(code, PYTHONPATH=str(tmp_path / "site"), MXMOE_CACHE=str(tmp_path / "empty-cache"))
     assert proc.returncode != 0
     assert "not OpenAI's v3.5.1 API" in proc.stderr and "python -m harness fetch triton-kernels" in proc.stderr
@@ -274,7 +274,7 @@ def test_vllm_driver_stands_for_every_vllm_backend_with_its_declaration():
 
 
 def _cached_triton_kernels() -> bool:
-    from mxmoe.harness.vendor import triton_kernels_root
+    from mxmoe.harness.upstream.fetch import triton_kernels_root
 
     return (triton_kernels_root() / "triton_kernels" / "__init__.py").is_file()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxmoe.harness.mutation.patches import AITER_PATCHES, TRITON_PATCHES, Edit, Patch
-from mxmoe.harness.mutation.vendor import VENDORS, PatchError, apply, vendor
-from mxmoe.harness.vendor import VendorMissing
+from mxmoe.harness.audits.mutation.patched import VENDORS, PatchError, apply, vendor
+from mxmoe.harness.upstream.fetch import VendorMissing
+from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, Edit, Patch
 
 
 @pytest.mark.parametrize("patches", [TRITON_PATCHES, AITER_PATCHES], ids=["triton", "aiter"])
@@ -88,7 +88,7 @@ def test_the_interpreter_rounds_float32_to_bfloat16_to_nearest_even(monkeypatch)
     import triton.language as tl
     from triton.runtime import interpreter as ti
 
-    from mxmoe.harness.mutation.interpret import round_bf16_to_nearest
+    from mxmoe.harness.audits.mutation.interpret import round_bf16_to_nearest
 
     for name in ("cast_impl", "create_fp_to_fp", "_mxmoe_rne_bf16"):  # undone after the test
         monkeypatch.setattr(ti.InterpreterBuilder, name, getattr(ti.InterpreterBuilder, name, False), raising=False)
@@ -119,7 +119,7 @@ def _rec(backend: str, case: str, outcome: str, digest: str, **kw: object) -> di
 def test_a_patch_is_material_only_where_it_changes_the_output():
     """No effect (bit-identical everywhere) is not a miss; a changed output that passes is MISSED;
     a FAIL or an ERROR (a worker that died included) is caught."""
-    from mxmoe.harness.mutation.vendor import _rows
+    from mxmoe.harness.audits.mutation.patched import _rows
 
     v = VENDORS["triton"]
     base = {("triton", "c1"): "a", ("triton", "c2"): "b", ("triton-unfused", "c1"): "c", ("triton-unfused", "c2"): "d"}

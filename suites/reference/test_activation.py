@@ -1,4 +1,4 @@
-"""reference.activation: the w13 row layouts and the gated activations (SPEC section 4).
+"""reference.activation: the w13 row layouts and the gated activations (docs/formats.md).
 
 Expected row orders are written out per layout in plain Python (``_row_labels``); expected
 activation values come from brute.activate or from scalar arithmetic in the test.
@@ -34,7 +34,7 @@ def _sigmoid(v: float) -> float:
 
 
 def _row_labels(layout: str, inter: int) -> list[tuple[str, int]]:
-    """What each of the 2I rows holds under ``layout``, as SPEC section 4 lists them."""
+    """What each of the 2I rows holds under ``layout``, as docs/formats.md lists them."""
     gate = [("g", j) for j in range(inter)]
     up = [("u", j) for j in range(inter)]
     if layout == "interleaved":

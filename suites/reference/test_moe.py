@@ -1,6 +1,6 @@
 """reference.moe, the batched float64 MoE oracle, against per-token Python-float definitions.
 
-``brute.moe_token_loop`` is the plain restatement of the layer (SPEC section 3). ``_token_loop``
+``brute.moe_token_loop`` is the plain restatement of the layer (docs/formats.md). ``_token_loop``
 below is the same literal loop written here from brute's primitives, with hooks that round the
 precision points in plain Python, so that ``Precision`` can be checked too; it also returns, per
 output element, the sum of the magnitudes of the terms that make it up, which is what float64

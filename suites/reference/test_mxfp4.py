@@ -1,4 +1,4 @@
-"""reference.mxfp4 against plain restatements of SPEC section 2 and of the module's documented policy.
+"""reference.mxfp4 against plain restatements of docs/formats.md and of the module's documented policy.
 
 Every expected value here is computed without the code under test: E2M1, E4M3 and E8M0 values from
 their bit fields with ``fractions.Fraction``, rounding to nearest-even with integer arithmetic on the

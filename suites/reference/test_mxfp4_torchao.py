@@ -129,7 +129,7 @@ def test_torchao_floor_even_halve_byte0_blocks(rule, elem):
     but divides the elements by ``clamp(scale_fp32, min=F32_MIN_NORMAL)`` = 2**-126, a workaround
     for Triton's denormals: its codes are those of x / 2, and its own round trip (to_dtype reads
     byte 0 correctly as 2**-127) returns x / 2 rounded at scale 2**-127 instead of x, which is
-    representable. This is SPEC's 'byte 0, factor 2'."""
+    representable. This is the 'byte 0, factor 2' of docs/oracle.md."""
     x = torch.zeros(1, 32, dtype=torch.float32)
     x[0, : len(TINY)] = torch.tensor(TINY)
     got_data, got_scales = torchao_quantize(x, elem, rule)
@@ -244,7 +244,7 @@ def assert_dequant_agrees(got: torch.Tensor, ref: torch.Tensor, limit: float, wh
 def test_torchao_dequantizes_every_fp4_scale_and_code_like_ours(target):
     """torchao's to_dtype (unpack_uint4 low nibble first, f4_unpacked_to_f32, get_fp_scale) agrees
     with ours on all 256 x 256 (scale byte, packed byte) pairs, byte 0 included (2**-127: on CPU
-    eager the SPEC's 'factor 2' is in the quantizer, pinned above, not here), byte 255 NaN, -0 kept,
+    eager the 'factor 2' of docs/oracle.md is in the quantizer, pinned above, not here), byte 255 NaN, -0 kept,
     except where the exact product reaches 2**128 and overflows float32 / bfloat16 (bytes 253, 254)."""
     blocks, scales = all_fp4_pairs()
     got = torchao_dequantize(blocks, scales, FP4, target)

@@ -1,4 +1,4 @@
-"""reference.routing against brute.route_token, the plain per-token restatement of SPEC section 5.
+"""reference.routing against brute.route_token, the plain per-token restatement of docs/formats.md.
 
 Hypothesis draws the structure (tokens, E, top_k, method, groups, whether there is a correction
 bias, a scaling factor, a seed); the logits come from a generator seeded with the drawn seed.

@@ -5,13 +5,13 @@ import shutil
 
 import pytest
 
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.engine import Result
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import Recorder
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.judge.engine import Result
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import Recorder
 from mxmoe.reports.collect import ResultFileError, collect
 
-LOADED = load_spec("mxmoe.harness.honest:HonestFp32")
+LOADED = load_spec("mxmoe.harness.instruments.honest:HonestFp32")
 
 
 def record(folder, outcome, tokens, host=None):

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from mxmoe.harness import results as results_mod
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.cli import main
-from mxmoe.harness.e2e.tiny import TINY_DIR
-from mxmoe.harness.engine import run_case
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.cli.report import run_report
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.platforms import host_arch
+from mxmoe.harness.e2e.checkpoint import TINY_DIR
 from mxmoe.harness.gpqa import run as gpqa_run
-from mxmoe.harness.platforms import host_arch
-from mxmoe.harness.registry import load_spec
-from mxmoe.harness.results import Recorder, save_repro
-from mxmoe.reports.cli import run_report
+from mxmoe.harness.judge.engine import run_case
+from mxmoe.harness.run import results as results_mod
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.results import Recorder, save_repro
 from mxmoe.reports.collect import ResultFileError
 from mxmoe.reports.policy import PolicyError, load_policy
 
@@ -198,7 +198,7 @@ def test_a_required_backend_must_have_run_every_profile_case_it_declares(tmp_pat
     path.write_text('[required]\nbackends = ["emulation"]\n')
     report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(path))
     (cov,) = [r for r in report["reasons"] if r["rule"] == "coverage"]
-    from mxmoe.harness.zoo import profile_cases
+    from mxmoe.harness.run.profiles import profile_cases
 
     n = len(profile_cases("pr"))
     assert cov["text"].startswith(f"required backend emulation ran 1 of the {n} pr cases it declares on {ARCH} "
@@ -226,7 +226,7 @@ def test_runs_that_disagree_block_as_flaky_whichever_came_last(tmp_path):
 
 
 def test_a_sign_off_whose_catalogue_step_crashed_does_not_ship(tmp_path):
-    from mxmoe.harness.results import stamp
+    from mxmoe.harness.run.results import stamp
 
     _green(tmp_path / "r", ("emulation", "HonestOutside"))
     steps = [{"name": "kernel check", "status": "ran", "exit_status": 0, "reason": "", "seconds": 1.0},

@@ -12,14 +12,13 @@ import math
 import pytest
 import torch
 
-from mxmoe.harness.bounds import clipping_bound, reference_and_bound
-from mxmoe.harness.cases import make_case
-from mxmoe.harness.engine import Metrics, Result, judge, run_case
-from mxmoe.harness.honest import HonestFp32, HonestMxfp8
-from mxmoe.harness.inputs import CaseInputs, make_inputs
-from mxmoe.harness.mutants import RoutingWeightsBf16, _largest_w2_block, busiest_expert
-from mxmoe.harness.systematic import ALPHA, systematic_test
-from mxmoe.harness.systematic.detect import threshold
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
+from mxmoe.harness.instruments.faults import RoutingWeightsBf16, _largest_w2_block, busiest_expert
+from mxmoe.harness.instruments.honest import HonestFp32, HonestMxfp8
+from mxmoe.harness.judge.bounds import clipping_bound, reference_and_bound
+from mxmoe.harness.judge.engine import Metrics, Result, judge, run_case
+from mxmoe.harness.judge.systematic import ALPHA, systematic_test, threshold
 from mxmoe.reference.moe import MoEWeights
 
 

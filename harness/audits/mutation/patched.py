@@ -1,0 +1,210 @@
+"""Copy a vendor's source, patch it, run the registry's adapters on it in a fresh process, and
+make the matrix (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from mxmoe.harness.audits.catalogue import PEER_RULES, Row
+from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, Patch, PatchError, replace_line
+
+
+@dataclass(frozen=True)
+class Vendor:
+    """A vendor whose kernels are mutated: its import name, how to find its source, which
+    registry adapters run it, and its patches."""
+
+    name: str
+    package: str
+    backends: tuple[str, ...]
+    patches: tuple[Patch, ...]
+    locate: Callable[[], Path]
+    """The package folder to copy (raises with how to get it when there is none)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment the worker runs with."""
+    interpret_as: str | None = None
+    """On a CPU host: run the kernels under Triton's interpreter on this architecture's code path
+    (``harness.audits.mutation.interpret``); None: only where the hardware is."""
+    target_modules: tuple[str, ...] = ()
+    """Modules that read the GPU target when imported (imported under ``interpret_as``'s)."""
+
+
+def _triton_kernels_dir() -> Path:
+    from mxmoe.harness.upstream.fetch import import_triton_kernels
+
+    return Path(import_triton_kernels().__file__).parent
+
+
+AITER_TESTED = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
+"""The ROCm/aiter commit the AITER patches were written against (any commit whose lines match
+applies)."""
+
+
+def _aiter_dir() -> Path:
+    """An installed aiter's package folder, else the newest ``<cache>/vendor/aiter-*/aiter``."""
+    import importlib.util
+
+    from mxmoe.harness.upstream.fetch import VendorMissing, cache_dir
+
+    spec = importlib.util.find_spec("aiter")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    found = sorted((cache_dir() / "vendor").glob("aiter-*/aiter/__init__.py"), key=lambda p: p.stat().st_mtime)
+    if found:
+        return found[-1].parent
+    raise VendorMissing(
+        f"no aiter: neither installed nor in {cache_dir() / 'vendor'}/aiter-<commit>/aiter. On a CPU, put aiter's "
+        f"source there (git clone https://github.com/ROCm/aiter; git checkout {AITER_TESTED[:8]}, tested; only the "
+        "Python files under aiter/ are read, with AITER_TRITON_ONLY=1)"
+    )
+
+
+VENDORS: dict[str, Vendor] = {
+    "triton": Vendor("triton", "triton_kernels", ("triton", "triton-unfused"), TRITON_PATCHES, _triton_kernels_dir),
+    "aiter": Vendor(
+        "aiter", "aiter", ("aiter-triton-mxfp4-bf16",), AITER_PATCHES, _aiter_dir,
+        env=(("AITER_TRITON_ONLY", "1"),), interpret_as="gfx942",
+        target_modules=("aiter.ops.triton.utils._triton.arch_info",),
+    ),
+}  # fmt: skip
+
+
+def vendor(name: str) -> Vendor:
+    """The vendor called ``name``; a ValueError naming the accepted ones otherwise."""
+    if name not in VENDORS:
+        raise ValueError(f"--vendor must be one of {', '.join(VENDORS)}; got {name!r}")
+    return VENDORS[name]
+
+
+def apply(src: Path, dest_root: Path, package: str, patch: Patch | None) -> Path:
+    """Copy the package folder ``src`` to ``dest_root/package`` and apply ``patch`` (None: the
+    unpatched copy); the folder to put on ``sys.path`` (``dest_root``). Each edit's old line must
+    occur exactly once in its file."""
+    dest = dest_root / package
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for edit in patch.edits if patch else ():
+        path = dest / edit.file
+        if not path.is_file():
+            raise PatchError(f"patch {patch.slug}: {edit.file} is not in {src}")
+        path.write_text(replace_line(path.read_text(), edit, f"patch {patch.slug} ({src})"))
+    return dest_root
+
+
+@dataclass
+class VRow(Row):
+    """One line of the vendor matrix: a patch (or the unpatched control) through one adapter. A
+    catalogue Row (``harness.instruments.faults``), with the adapter, the patch's category, and how many
+    cases it changed; ``kind`` is ``control`` (unpatched), ``mutant`` (material) or
+    ``immaterial`` (no effect on the cases run)."""
+
+    backend: str = ""
+    category: str = ""
+    differs: int = 0
+    """Cases whose output differs bit for bit from the unpatched kernel's (or that raise)."""
+
+    @property
+    def verdict(self) -> str:
+        """caught / MISSED / no effect for patches, clean / FALSE ALARM for the control."""
+        if self.kind == "immaterial" and not self.caught:
+            return "no effect"
+        return super().verdict
+
+
+def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path) -> list[dict]:
+    """Run ``harness.audits.mutation.worker`` on the copy at ``root``; its records. Where the process
+    dies (a patched kernel that takes the CUDA context down), the check it was running is an ERROR
+    with the process's last words, and the checks after it are not run (no record)."""
+    cmd = [sys.executable, "-m", "mxmoe.harness.audits.mutation.worker", "--vendor", v.name, "--root", str(root),
+           "--profile", profile, "--out", str(out)] + [a for b in v.backends for a in ("--backend", b)]
+    cmd += [a for c in case_ids for a in ("--case", c)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | dict(v.env))
+    lines = out.read_text().splitlines() if out.is_file() else []
+    records = [json.loads(line) for line in lines if line.strip()]
+    if proc.returncode != 0:
+        done = {(r["backend"], r["case"]) for r in records}
+        pending = [(b, c) for c in case_ids for b in v.backends if (b, c) not in done]
+        b, c = pending[0] if pending else (v.backends[0], case_ids[0])
+        records.append({
+            "backend": b, "case": c, "outcome": "ERROR", "worst_ratio": math.inf, "over_bound": 0, "z": None,
+            "z_fired": False, "peers": dict.fromkeys(PEER_RULES, True), "digest": "none",
+            "reason": f"the worker process died (exit {proc.returncode}) during this check: "
+                      + (proc.stderr or proc.stdout).strip()[-1200:],
+        })  # fmt: skip
+    return records
+
+
+def run_vendor(
+    v: Vendor, profile: str, case_ids: list[str], jobs: int = 1, log: Callable[[str], None] = print,
+    only: list[str] | None = None,
+) -> list[VRow]:
+    """The unpatched control, then every patch (``only``: those slugs), each through every adapter
+    of ``v`` on ``case_ids``, ``jobs`` worker processes at a time; rows in that order."""  # fmt: skip
+    src = v.locate()
+    patches = [p for p in v.patches if not only or p.slug in only]
+    unknown = sorted(set(only or ()) - {p.slug for p in v.patches})
+    if unknown:
+        names = ", ".join(p.slug for p in v.patches)
+        raise ValueError(f"--patch must name patches of {v.name}: {names}; got {unknown}")
+    with tempfile.TemporaryDirectory(prefix=f"mxmoe-mutants-{v.name}-") as tmp:
+        tmp_path = Path(tmp)
+        roots = {None: apply(src, tmp_path / "unpatched", v.package, None)}
+        for p in patches:  # every patch applies before anything runs: a stale patch is an error up front
+            roots[p.slug] = apply(src, tmp_path / p.slug, v.package, p)
+        log(f"{v.name}: {src} copied; {len(patches)} patches applied; adapters {', '.join(v.backends)}")
+        base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl")
+        control = _rows(None, v, base, {})
+        if not any(r.runs for r in control):
+            reasons = sorted({f"{r['backend']}: {r['reason']}" for r in base})
+            raise RuntimeError(f"no adapter of {v.name} runs a case on this host: " + "; ".join(reasons))
+        log("unpatched: " + ", ".join(f"{r.backend} {r.verdict}" for r in control))
+        digests = {(r["backend"], r["case"]): r["digest"] for r in base}
+
+        def one(p: Patch) -> list[VRow]:
+            rows = _rows(p, v, _worker(v, roots[p.slug], profile, case_ids, tmp_path / f"{p.slug}.jsonl"), digests)
+            log(f"{p.slug}: " + ", ".join(f"{r.backend} {r.verdict}" for r in rows))
+            return rows
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            patched = [row for rows in pool.map(one, patches) for row in rows]
+    return control + patched
+
+
+def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, str], str]) -> list[VRow]:
+    """The worker's records of one copy, a row per adapter."""
+    rows = {}
+    for b in v.backends:
+        if p is None:
+            rows[b] = VRow(f"{v.name}:unpatched", "the vendor source as shipped", None, "control", backend=b,
+                           category="-")  # fmt: skip
+        else:
+            rows[b] = VRow(f"{v.name}:{p.slug}", p.fault, None, "immaterial", backend=b, category=p.category)
+    for r in recs:
+        row = rows[r["backend"]]
+        if r["outcome"] == "SKIP":
+            row.skips += 1
+            continue
+        row.runs += 1
+        row.outcomes[r["case"]] = r["outcome"]
+        if p is not None and (r["outcome"] == "ERROR" or r["digest"] != base.get((r["backend"], r["case"]))):
+            row.differs += 1
+            row.kind = "mutant"
+        if r["outcome"] in ("FAIL", "ERROR"):
+            row.fails += r["outcome"] == "FAIL"
+            row.errors += r["outcome"] == "ERROR"
+            row.failure = row.failure or f"{r['case']}: {r['reason']}"[:400]
+        row.worst_ratio = max(row.worst_ratio, math.inf if r["outcome"] == "ERROR" else r["worst_ratio"])
+        row.worst_z = max(row.worst_z, r["z"] or 0.0)
+        row.z_only += int(r["outcome"] == "FAIL" and r["z_fired"] and not r["over_bound"])
+        for rule in PEER_RULES:
+            row.peer_catches[rule] = row.peer_catches.get(rule, 0) + int(r["peers"][rule])
+    return list(rows.values())

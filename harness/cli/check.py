@@ -1,0 +1,124 @@
+"""``python -m harness check``: a sweep of backends x a profile's cases in crash-proof worker processes,
+recorded in a results folder with a reproducer for every FAIL and ERROR."""
+
+from __future__ import annotations
+
+import argparse
+
+from mxmoe.harness.cli.args import UsageError, discover, host_line
+from mxmoe.harness.cli.tables import format_table
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from mxmoe.harness.contract.platforms import host_arch
+    from mxmoe.harness.diagnosis.explain import summarize
+    from mxmoe.harness.judge.engine import failure_message, test_id
+    from mxmoe.harness.run.profiles import profile_cases
+    from mxmoe.harness.run.registry import select
+    from mxmoe.harness.run.results import Recorder, replay_command
+    from mxmoe.harness.run.sweep import Progress, Sweep, worst_ratio
+
+    arch = args.arch or host_arch()
+    try:
+        backends = select(discover(args), tuple(args.backend))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cases = profile_cases(args.profile)
+    pairs = [
+        (loaded, case)
+        for loaded in backends
+        for case in cases
+        if all(k in test_id(loaded.backend.declaration.id, arch, case) for k in args.k)
+        and not any(x in test_id(loaded.backend.declaration.id, arch, case) for x in args.exclude)
+    ]
+    if not pairs:
+        raise UsageError(
+            " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)]) + " selects none of the "
+            f"{len(backends) * len(cases)} test ids of "
+            f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
+        )
+    recorder = Recorder(args.results)
+    print(f"{host_line('cpu' if host_arch() == 'cpu' else 'cuda')} | arch {arch}")
+    print(
+        f"check: {len(pairs)} tests ({len(backends)} backends x profile {args.profile}), {args.workers} worker(s), "
+        f"timeout {args.timeout:g} s per case; results in {recorder.path}\n",
+        flush=True,
+    )
+    progress = Progress(len(pairs))
+    sweep = Sweep(
+        recorder, workers=args.workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
+        diagnose=summarize,
+    )  # fmt: skip
+    try:
+        verdicts = sweep.run(pairs, arch)
+    finally:
+        progress.close()
+    rows = []
+    for loaded in backends:
+        mine = [v for v in verdicts if v.loaded is loaded]
+        if not mine:
+            continue
+        n = {o: sum(v.result.outcome == o for v in mine) for o in ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")}
+        rows.append(
+            (
+                loaded.backend.declaration.id,
+                *n.values(),
+                f"{worst_ratio(mine):.3g}",
+                f"{sum(v.result.seconds for v in mine):.1f}",
+            )
+        )
+    print()
+    print(format_table(("backend", "PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "worst err/bound", "seconds"), rows))
+    bad = [v for v in verdicts if v.result.outcome in ("FAIL", "ERROR")]
+    if bad:
+        print(f"\n{len(bad)} FAIL/ERROR:")
+        for v in sorted(bad, key=lambda v: v.result.test_id):
+            first = failure_message(v.result).splitlines()[0]
+            last = [line.strip() for line in v.result.traceback.splitlines() if line.strip()][-1:]
+            print(f"{v.result.outcome} {first}" + (f" ({last[0]})" if last else ""))
+            if v.result.diagnosis:
+                print(f"    diagnosis: {v.result.diagnosis}")
+            if v.repro is not None:
+                print(f"    replay: {replay_command(v.repro)}")
+    print(f"\nresults: {recorder.path}")
+    return 1 if bad else 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``check`` to ``python -m harness``."""
+    from mxmoe.harness.cli.args import BACKEND_FILE_HELP, arch, backend_file, positive
+    from mxmoe.harness.run.profiles import PROFILES
+
+    p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="shell glob on backend ids (repeatable; default: every backend of kind 'backend' and every file)",
+    )
+    p.add_argument(
+        "--backend-file",
+        action="append",
+        default=[],
+        type=backend_file,
+        metavar="PATH.py:Class",
+        help=BACKEND_FILE_HELP,
+    )
+    p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument("--arch", type=arch, help="architecture token of the test ids (default: this host's)")
+    p.add_argument(
+        "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"
+    )
+    p.add_argument(
+        "-x",
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="SUBSTRING",
+        help="drop test ids containing it (repeatable: any), e.g. -x gptoss -x dsv3 on a CPU",
+    )
+    p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
+    p.add_argument("--workers", type=positive(int), default=1, help="worker processes (default 1)")
+    p.add_argument("--timeout", type=positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")
+    p.set_defaults(fn=_cmd_check, parser=p)

@@ -1,0 +1,75 @@
+"""``python -m harness fetch``: vendor code that is not installed (OpenAI triton_kernels from a vLLM
+wheel; vLLM's Python sources; another FlashInfer release's package) into the git-ignored cache
+(``harness.upstream.fetch``, ``harness.upstream.vllm_drift``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from mxmoe.harness.cli.args import UsageError
+
+
+def _fetched(args: argparse.Namespace) -> Path | None:
+    """Where ``args.what`` already is in the cache, or None."""
+    from mxmoe.harness.upstream.fetch import flashinfer_root, triton_kernels_root
+    from mxmoe.harness.upstream.vllm_drift import vllm_root
+
+    where, marker = {
+        "triton-kernels": (triton_kernels_root(args.vllm_version), "triton_kernels/__init__.py"),
+        "vllm": (vllm_root(args.vllm_version), "vllm/__init__.py"),
+        "flashinfer": (flashinfer_root(args.flashinfer_version), "flashinfer/__init__.py"),
+    }[args.what]
+    return where if (where / marker).is_file() else None
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from mxmoe.harness.upstream.fetch import VendorMissing, fetch_flashinfer, fetch_triton_kernels
+    from mxmoe.harness.upstream.vllm_drift import fetch_vllm
+
+    if args.wheel and not os.path.isfile(args.wheel):
+        raise UsageError(f"--wheel: no such file {args.wheel!r}")
+    if args.wheel and args.what == "flashinfer":
+        raise UsageError("--wheel: a vLLM wheel; flashinfer is fetched from PyPI")
+    wheel = Path(args.wheel) if args.wheel else None
+    if args.if_missing and (found := _fetched(args)) is not None:
+        print(f"{args.what}: already fetched, at {found}")
+        return 0
+    try:
+        if args.what == "triton-kernels":
+            path = fetch_triton_kernels(args.vllm_version, wheel)
+            print(f"triton_kernels (from vLLM {args.vllm_version}'s wheel) is at {path}; it is found there at run time")
+        elif args.what == "flashinfer":
+            path = fetch_flashinfer(args.flashinfer_version)
+            print(f"flashinfer-python {args.flashinfer_version}'s package is at {path} (layout cross-checks)")
+        else:
+            path = fetch_vllm(args.vllm_version, wheel)
+            print(f"vLLM {args.vllm_version}'s Python sources are at {path} (for `python -m harness vllm-drift`)")
+    except VendorMissing as exc:
+        print(f"fetch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``fetch`` to ``python -m harness``."""
+    from mxmoe.harness.upstream.fetch import DEFAULT_VLLM
+    from mxmoe.kernels.flashinfer_common import NEWEST_FLASHINFER
+
+    p = sub.add_parser("fetch", help="put OpenAI triton_kernels (vLLM's vendored copy) into the ignored cache")
+    p.add_argument(
+        "what", choices=["triton-kernels", "vllm", "flashinfer"],
+        help="triton_kernels, vLLM's Python sources (for vllm-drift), or a FlashInfer release's package (layout "
+        "cross-checks; never installed)",
+    )
+    p.add_argument(
+        "--vllm-version", default=DEFAULT_VLLM, help="the vLLM release whose wheel vendors it (default %(default)s)"
+    )
+    p.add_argument("--wheel", metavar="PATH", help="a vLLM wheel already on this machine (no download)")
+    p.add_argument(
+        "--flashinfer-version", default=NEWEST_FLASHINFER, help="with flashinfer: the release (default %(default)s)"
+    )
+    p.add_argument("--if-missing", action="store_true", help="do nothing where it is already in the cache")
+    p.set_defaults(fn=_cmd_fetch, parser=p)

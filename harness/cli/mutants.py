@@ -1,0 +1,165 @@
+"""``python -m harness mutants``: the catalogue of faulty kernels and the honest variants, caught and
+clean; with ``--vendor``, a vendor's real kernels patched (``harness.audits.mutation``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from mxmoe.harness.cli.args import UsageError, host_line
+from mxmoe.harness.cli.tables import format_table
+
+
+def _cmd_mutants(args: argparse.Namespace) -> int:
+    from mxmoe.harness.audits.catalogue import BAD_VERDICTS, PEER_RULES, run_catalogue
+    from mxmoe.harness.contract.platforms import device_for, host_arch
+    from mxmoe.harness.run.profiles import profile_cases
+    from mxmoe.harness.run.results import stamp
+
+    arch = host_arch()
+    cases = [
+        c for c in profile_cases(args.profile)
+        if all(k in c.id for k in args.k) and not any(x in c.id for x in args.exclude)
+        and (not args.case or c.id in args.case)
+    ]  # fmt: skip
+    if not cases:
+        raise UsageError(f"-k {args.k} and --exclude {args.exclude} select none of the {args.profile} profile's cases")
+    print(f"{host_line(device_for(arch))} | arch {arch}")
+    if args.vendor:
+        return _vendor_mutants(args, arch, cases)
+    if args.patch:
+        raise UsageError("--patch names patches of a vendor: give --vendor too")
+    print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
+    rows = run_catalogue(cases, arch)
+
+    def outcome(r: object) -> str:
+        parts = [f"FAIL x{r.fails}"] * bool(r.fails) + [f"ERROR x{r.errors}"] * bool(r.errors)
+        return ", ".join(parts) or "PASS"
+
+    def ratio(v: float) -> str:
+        return "inf" if v == float("inf") else f"{v:.3g}"
+
+    table = [
+        (
+            r.id.removeprefix("mutant-"),
+            r.verdict,
+            outcome(r),
+            r.first_catch or "-",
+            f"{r.fails + r.errors}/{r.runs}",
+            ratio(r.worst_ratio),
+            f"{r.worst_z:.3g}",
+            r.z_only or "-",
+            *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES),
+            r.fault,
+        )
+        for r in rows
+    ]
+    headers = (
+        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "worst z", "by z only",
+        "vLLM 80%/0.3", "triton_kernels", "what it does",
+    )  # fmt: skip
+    print(format_table(headers, table))
+    print(
+        "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
+        "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
+        "\nworst z: the systematic-error test's largest z (threshold about 7: harness.judge.systematic);"
+        " by z only: FAILs"
+        "\nwith every element within the bound; vLLM 80%/0.3, triton_kernels: the cases of the same runs that those"
+        "\npeers' acceptance rules reject"
+    )
+    bad = [r.id for r in rows if r.verdict in BAD_VERDICTS]
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(
+            stamp("mutants") | {"profile": args.profile, "arch": arch, "rows": [r.to_dict() for r in rows]},
+            f,
+            indent=1,
+        )
+    print(f"recorded: {args.json}")
+    if bad:
+        print(f"NOT AS EXPECTED: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
+def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
+    """``mutants --vendor V``: the vendor's patched kernels through its adapters (harness.audits.mutation)."""
+    from mxmoe.harness.audits.mutation.patched import PEER_RULES, run_vendor, vendor
+    from mxmoe.harness.run.results import stamp
+
+    try:
+        v = vendor(args.vendor)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    interpreted = arch == "cpu" and v.interpret_as is not None
+    if interpreted:  # harness.audits.mutation.interpret: that architecture's code path, under Triton's interpreter
+        arch = v.interpret_as
+    where = f"{arch}, interpreted on this cpu" if interpreted else arch
+    print(f"mutants --vendor {v.name}: {len(v.patches)} patches x adapters {', '.join(v.backends)} on {where}, "
+          f"profile {args.profile} ({len(cases)} cases)\n", flush=True)  # fmt: skip
+    from mxmoe.harness.upstream.fetch import VendorMissing
+
+    try:
+        rows = run_vendor(v, args.profile, [c.id for c in cases], jobs=args.jobs, only=args.patch or None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except (RuntimeError, VendorMissing) as exc:
+        print(f"mutants --vendor {v.name}: {exc}", file=sys.stderr)
+        return 2
+    table = [
+        (
+            r.id.split(":", 1)[1], r.backend, r.category, r.verdict, f"{r.fails + r.errors}/{r.runs}",
+            f"{r.differs}/{r.runs}" if r.kind != "control" else "-",
+            "inf" if r.worst_ratio == float("inf") else f"{r.worst_ratio:.3g}", f"{r.worst_z:.3g}", r.z_only or "-",
+            *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES), r.fault,
+        )
+        for r in rows
+    ]  # fmt: skip
+    headers = ("patch", "adapter", "category", "verdict", "caught/run", "differs", "worst err/bound", "worst z",
+               "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does")  # fmt: skip
+    print()
+    print(format_table(headers, table))
+    print(
+        "\ndiffers: cases whose output differs bit for bit from the unpatched kernel's (or that raise): a patch"
+        "\nthat differs nowhere has no effect on these cases and is not a miss; by z only: FAILs with every element"
+        "\nwithin the bound (harness.judge.systematic); vLLM 80%/0.3, triton_kernels: the same runs under those"
+        " peers' rules"
+    )
+    bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(
+            stamp("mutants") | {"profile": args.profile, "arch": arch, "vendor": v.name, "interpreted": interpreted,
+                                "rows": [r.to_dict() for r in rows]},
+            f, indent=1,
+        )  # fmt: skip
+    print(f"recorded: {args.json}")
+    if bad:
+        print(f"NOT AS EXPECTED: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``mutants`` to ``python -m harness``."""
+    from mxmoe.harness.run.profiles import PROFILES
+
+    p = sub.add_parser("mutants", help="the catalogue of faulty kernels and the honest variants: caught and clean?")
+    p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument("--json", default="results/mutants.json", help="where the matrix is recorded (default %(default)s)")
+    p.add_argument(
+        "-k", action="append", default=[], metavar="SUBSTRING", help="keep case ids containing it (repeatable: all)"
+    )
+    p.add_argument(
+        "--exclude", action="append", default=[], metavar="SUBSTRING",
+        help="drop case ids containing it (repeatable: any), e.g. the production shapes on a CPU",
+    )  # fmt: skip
+    p.add_argument(
+        "--vendor",
+        help="mutate a vendor's real kernels instead (harness.audits.mutation): triton (OpenAI triton_kernels, "
+        "on a GPU) or aiter (AITER's Triton a16w4; on a CPU, under Triton's interpreter on gfx942's code path)",
+    )
+    p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
+    p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="with --vendor: patched copies run at once (default 1)")
+    p.set_defaults(fn=_cmd_mutants, parser=p)

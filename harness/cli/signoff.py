@@ -1,0 +1,244 @@
+"""``python -m harness signoff``: the main job on this machine, every step recorded into one results
+folder and the sign-off report built from those records (``app``'s docstring lists the steps)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mxmoe.harness.cli.args import dispatch, host_line
+from mxmoe.harness.cli.backends import availability
+from mxmoe.harness.cli.check import add_parsers as add_check
+from mxmoe.harness.cli.gpqa import add_parsers as add_gpqa
+from mxmoe.harness.cli.model import add_parsers as add_model
+from mxmoe.harness.cli.mutants import add_parsers as add_mutants
+from mxmoe.harness.cli.padding import add_parsers as add_padding
+from mxmoe.harness.cli.tables import format_table
+
+SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "padding audit", "model check", "GPQA",
+                 "report")  # fmt: skip
+SIGNOFF_GPQA_LIMIT = 8
+"""Default questions of the tiny GPQA for backends under Triton's CPU interpreter (seconds per
+question); every other backend answers all 200 (a --limit run is judged against the oracle's
+answers alone)."""
+
+
+class StepSkipped(Exception):
+    """A sign-off step that cannot run here (a package missing); the message says why."""
+
+
+def _run(argv: Sequence[str]) -> int:
+    """Run a step's command as ``python -m harness ARGV`` would: parsed by that command's own parser
+    (the arguments and defaults its module's ``add_parsers`` gives it), a UsageError reported by it.
+    The parser holds the steps' commands only: ``app`` imports this module, so ``app.main`` is not
+    imported here (no cycle)."""
+    parser = argparse.ArgumentParser(prog="python -m harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_check, add_mutants, add_padding, add_model, add_gpqa):
+        add(sub)
+    return dispatch(parser.parse_args(argv))
+
+
+def _cmd_signoff(args: argparse.Namespace) -> int:
+    """The whole sign-off on this machine; every step records into ``--results`` and the report is
+    built from those records alone. A step that fails does not stop the next (the report says what
+    failed), except the oracle's self-check: an untrustworthy oracle judges nothing. What each step
+    did (ran, skipped and why, failed with its exit status) is written to
+    ``signoff-steps.json``, which the report reads: a step that failed or did not run blocks."""
+    import time
+    import traceback
+
+    from mxmoe.harness.audits.selfcheck import run_selfcheck
+    from mxmoe.harness.contract.platforms import host_arch
+    from mxmoe.harness.run.results import stamp
+
+    start = time.perf_counter()
+    results = args.results
+    os.makedirs(results, exist_ok=True)
+    manifest = os.path.join(results, "signoff-steps.json")
+    steps: list[dict] = []
+
+    def write_manifest() -> None:
+        with open(manifest, "w", encoding="utf-8") as f:
+            json.dump(stamp("signoff-steps") | {"steps": steps}, f, indent=1)
+
+    def step(n: int, run: Callable[[], int], makes: str | None = None) -> int:
+        """Run step ``n``; it ran when it returned a verdict status (0 or 1) and wrote ``makes``."""
+        name = SIGNOFF_STEPS[n - 1]
+        print(f"\n[{n}/{len(SIGNOFF_STEPS)}] {name} ({time.perf_counter() - start:.0f} s elapsed)\n", flush=True)
+        t0 = time.perf_counter()
+        entry: dict[str, object] = {"name": name, "status": "ran", "exit_status": None, "reason": ""}
+        before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
+        try:
+            rc = run()
+            entry["exit_status"] = rc
+            if rc not in (0, 1):
+                entry["status"], entry["reason"] = "failed", f"exited with status {rc}"
+            elif makes and (not os.path.exists(makes) or os.path.getmtime(makes) == before):
+                entry["status"], entry["reason"] = "failed", f"it did not write {makes}"
+        except StepSkipped as exc:
+            entry["status"], entry["reason"] = "skipped", str(exc)
+            print(f"{name} skipped: {exc}")
+        except SystemExit as exc:  # argparse's error exit inside a step
+            entry["status"], entry["exit_status"] = "failed", exc.code
+            entry["reason"] = f"exited with status {exc.code}"
+        except Exception as exc:
+            entry["status"], entry["reason"] = "failed", f"raised {type(exc).__name__}: {exc}"
+            print(f"{name} raised:\n{traceback.format_exc()}", file=sys.stderr)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        steps.append(entry)
+        write_manifest()
+        return int(entry["exit_status"] or 0)
+
+    print(host_line(args.device))
+
+    def selfcheck() -> int:
+        print("the batched float64 reference vs its plain per-token definitions\n")
+        checks = run_selfcheck(args.device)
+        rows = [(r.name, r.cases, f"{r.worst:.2e}", f"{r.tolerance:.0e}", f"{r.seconds:.2f}",
+                 "PASS" if r.passed else "FAIL", r.detail) for r in checks]  # fmt: skip
+        print(format_table(("check", "cases", "worst rel diff", "tolerance", "seconds", "verdict", "what"), rows))
+        failed = [r.name for r in checks if not r.passed]
+        print(f"\n{len(checks) - len(failed)} passed, {len(failed)} failed")
+        return 1 if failed else 0
+
+    if step(1, selfcheck) != 0 or steps[-1]["status"] != "ran":
+        print("the oracle is not trustworthy on this machine: no backend is judged by it\n\nverdict: BLOCKED")
+        return 1
+
+    here = _signoff_backends()
+
+    def kernel_check() -> int:
+        """Every default backend on this host's arch over the pr profile; on a GPU, the production
+        kernels that run here also at production shapes (the nightly profile's gpt-oss cases, T = 1
+        to 4096), in one worker per GPU."""
+        rc = _run(["check", "--profile", "pr", "--results", results])
+        production = _production_backends(here)
+        if host_arch() != "cpu" and not production:
+            print("\nproduction shapes: no production kernel runs here, none judged at gpt-oss shapes")
+        elif host_arch() != "cpu":
+            print(f"\nproduction shapes: {', '.join(production)} over the nightly profile's gpt-oss cases\n",
+                  flush=True)  # fmt: skip
+            workers = str(max(1, torch.cuda.device_count()))
+            rc = max(rc, _run(["check", "--profile", "nightly", "-k", "gptoss", "--results", results,
+                               "--workers", workers, *(a for b in production for a in ("--backend", b))]))  # fmt: skip
+        return rc
+
+    step(2, kernel_check)
+    # detection power: the catalogue of faulty kernels is caught, the honest variants are not
+    mutants = os.path.join(results, "mutants.json")
+    step(3, lambda: _run(["mutants", "--profile", "pr", "--json", mutants]), makes=mutants)
+    padding = os.path.join(results, "padding.json")
+    step(4, lambda: _run(["padding", "--json", padding]), makes=padding)
+    step(5, lambda: _signoff_models(results, here))  # the tiny GPT-OSS's MoE through each backend here
+    step(6, lambda: _signoff_gpqa(results, here, args.interpreter_gpqa_questions))
+    from mxmoe.harness.cli.report import print_verdict, run_report
+
+    print(f"\n[7/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[6]} ({time.perf_counter() - start:.0f} s elapsed)\n")
+    report, files = run_report([results], os.path.join(results, "report"), policy=args.policy)
+    _print_not_run(report)
+    print_verdict(report, files)
+    print(f"sign-off took {time.perf_counter() - start:.0f} s: " + ", ".join(
+        f"{st['name']} {st['seconds']:.0f} s ({st['status']})" for st in steps))  # fmt: skip
+    return 0 if report["verdict"] == "SHIP" else 1
+
+
+def _signoff_backends() -> list[str]:
+    from mxmoe.harness.contract.platforms import host_arch
+    from mxmoe.harness.run.registry import discover, select
+
+    arch = host_arch()
+    return [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+
+
+def _production_backends(ids: list[str]) -> list[str]:
+    """Of ``ids``, the production kernels (``Declaration.production``; not the harness's own)."""
+    from mxmoe.harness.run.registry import discover
+
+    prod = {item.backend.declaration.id for item in discover() if item.backend.declaration.production}
+    return [b for b in ids if b in prod]
+
+
+def _model_packages() -> str | None:
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"it needs transformers and tokenizers ({exc})"
+    return None
+
+
+def _signoff_models(results: str, here: list[str]) -> int:
+    from mxmoe.harness.contract.platforms import host_arch
+
+    missing = _model_packages()
+    if missing:
+        raise StepSkipped(missing)
+    print(f"the tiny GPT-OSS through {', '.join(here)}\n", flush=True)
+    batch = "2" if host_arch() == "cpu" else "8"
+    argv = ["model-check", "--model", "tiny", "--batch", batch, "--repeats", "1", "--results", results]
+    return _run([*argv, *(a for b in here for a in ("--backend", b))])
+
+
+def _signoff_gpqa(results: str, here: list[str], limit: int = SIGNOFF_GPQA_LIMIT) -> int:
+    """The tiny GPT-OSS's GPQA, each backend against the oracle-MoE model's answers on the same
+    samples. On a CPU, backends under Triton's interpreter answer ``limit`` questions (in their own
+    folder: another sample of questions is another test), or none when it is 0."""
+    from mxmoe.harness.contract.platforms import host_arch
+
+    missing = _model_packages()
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        missing = missing or f"it needs lm-eval ({exc})"
+    if missing:
+        raise StepSkipped(missing)
+    slow = [b for b in here if host_arch() == "cpu" and "triton" in b]
+    full = [b for b in here if b not in slow]
+    status = 0
+    argv = ["gpqa", "--model", "tiny", "--baseline", "oracle", "--batch", "8"]
+    if full:
+        status = _run([*argv, "--results", results, *(a for b in full for a in ("--backend", b))])
+    if slow and not limit:
+        print(f"\nnot run under Triton's CPU interpreter (--interpreter-gpqa-questions 0): {', '.join(slow)}")
+    elif slow:
+        sub = os.path.join(results, f"gpqa-limit{limit}")
+        print(f"\nunder Triton's CPU interpreter: {', '.join(slow)} on {limit} questions\n", flush=True)
+        status = max(status, _run([*argv, "--limit", str(limit), "--results", sub,
+                                   *(a for b in slow for a in ("--backend", b))]))  # fmt: skip
+    return status
+
+
+def _print_not_run(report: dict) -> None:
+    """Per backend that did not run, one line per skip reason (not one per skipped case)."""
+    from mxmoe.reports.render import ran
+
+    idle = [r for r in report["rows"] if not ran(r)]
+    if not idle:
+        return
+    print(f"\ndid not run here ({len(idle)} backend/arch pairs; skips are never counted as passes):")
+    for r in idle:
+        for reason, n in r["skip_reasons"].items():
+            print(f"  {r['backend']} ({r['arch']}): {n} SKIP: {reason}")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``signoff`` to ``python -m harness``."""
+    from mxmoe.harness.cli.args import count, device
+
+    p = sub.add_parser(
+        "signoff", help="the main job: self-check, kernel check, fault catalogue, model check, GPQA, report"
+    )
+    p.add_argument("--device", type=device, default="cpu", help="self-check device: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--results", default="results", help="results folder of every step (default results/); the "
+                                                            "report goes to its report/")  # fmt: skip
+    p.add_argument("--policy", metavar="FILE", help="the verdict's rules (default reports/policy.toml)")
+    p.add_argument("--interpreter-gpqa-questions", type=count, default=SIGNOFF_GPQA_LIMIT, metavar="N",
+                   help="tiny-GPQA questions for backends under Triton's CPU interpreter, about 12 s each on 2 cores "
+                        "(default %(default)s; 0: none)")  # fmt: skip
+    p.set_defaults(fn=_cmd_signoff)

@@ -1,0 +1,121 @@
+"""Honest variants: real low-precision implementations that differ from the oracle only the way
+production kernels legitimately do (accumulation order, split-K, where they round to bf16). The
+engine must never fail them; their worst error/bound ratio says how tight the bound is."""
+
+from __future__ import annotations
+
+import torch
+
+from mxmoe.harness.contract.backend import Arithmetic, Backend, Declaration
+from mxmoe.harness.contract.inputs import CaseInputs
+from mxmoe.harness.contract.platforms import ARCHS
+from mxmoe.harness.instruments.torch_moe import TorchMoE
+from mxmoe.reference.moe import Precision
+
+_FUSED = Precision(intermediate="bf16", output=torch.bfloat16)
+"""A fused kernel: float32 accumulators, the intermediate stored in bf16, a bf16 output."""
+
+
+def _declare(
+    id_: str, description: str, precision: Precision, layout: str = "interleaved", quant: str = "w4a16"
+) -> Declaration:
+    return Declaration(
+        id=id_,
+        quant=quant,
+        archs=ARCHS,
+        description=description,
+        w13_layout=layout,
+        arithmetic=Arithmetic(precision=precision),
+        kind="instrument",
+    )
+
+
+class HonestFp32(TorchMoE):
+    """float32 GEMMs (BLAS order), bf16 intermediate and output: the typical fused kernel."""
+
+    declaration = _declare("honest-fp32", "fp32 GEMMs, bf16 intermediate and output", _FUSED)
+
+
+class HonestSplitK(TorchMoE):
+    """As HonestFp32, K summed in 4 float32 partial GEMMs (split-K), rows chunked [up; gate]."""
+
+    split_k = 4
+    declaration = _declare(
+        "honest-splitk", "4-way split-K fp32, bf16 intermediate and output", _FUSED, "chunked_up_gate"
+    )
+
+
+class HonestBf16Gemm(TorchMoE):
+    """bf16 GEMMs with fp32 accumulation and a bf16 result (an unfused kernel), pair-swapped rows."""
+
+    gemm = "bf16"
+    declaration = _declare(
+        "honest-unfused",
+        "bf16 GEMMs, bf16 GEMM1 output, intermediate, expert output and output",
+        Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", output=torch.bfloat16),
+        "pair_swapped",
+    )
+
+
+class HonestBiasAfter(TorchMoE):
+    """fp32 GEMMs whose products are stored in bf16 before the bias is added in float32 (GEMM1's
+    in the activation, GEMM2's in the combine), float32 routing weights, rows chunked [up; gate]:
+    the arithmetic FlashInfer's CUTLASS MoE declares (``Precision.bias_after_rounding``), so that
+    an honest kernel of that rounding order is shown clean (a suite checks the two declarations
+    stay equal; the instruments sit below the kernels and do not import them)."""
+
+    declaration = _declare(
+        "honest-bias-after",
+        "fp32 GEMMs, bf16 products with the biases added after, bf16 intermediate and output",
+        Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", routing_weights="fp32",
+                  output=torch.bfloat16, bias_after_rounding=True),  # fmt: skip
+        "chunked_up_gate",
+    )
+
+
+class HonestBf16Weights(TorchMoE):
+    """As HonestFp32 with the routing weights rounded to bf16, and declared so."""
+
+    declaration = _declare(
+        "honest-bf16weights",
+        "fp32 GEMMs, bf16 routing weights, intermediate and output",
+        Precision(intermediate="bf16", routing_weights="bf16", output=torch.bfloat16),
+        "chunked_gate_up",
+    )
+
+
+class HonestMxfp8(TorchMoE):
+    """MXFP8 activations and intermediate (the *_MXFP8 backends' arithmetic), fp32 GEMMs."""
+
+    declaration = _declare(
+        "honest-mxfp8",
+        "MXFP8 (FLOOR) activation input and intermediate, fp32 GEMMs, bf16 output",
+        Precision(activation_input="mxfp8", intermediate="mxfp8", output=torch.bfloat16),
+        quant="w4a8-mxfp8",
+    )
+
+
+HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Weights, HonestMxfp8)
+
+
+class Oracle(Backend):
+    """The oracle as a backend: the exact float64 layer (``CaseInputs.reference``) with its output
+    rounded once to bf16. The model-level checks run a model with this MoE as their baseline
+    (``harness.e2e``); judged itself, its one rounding is the whole of its bound, so its worst
+    error/bound reaches 1 and never exceeds it."""
+
+    declaration = Declaration(
+        id="oracle",
+        archs=ARCHS,
+        description="the float64 oracle, output rounded once to bf16",
+        arithmetic=Arithmetic(precision=Precision(output=torch.bfloat16), accumulate="fp64"),
+        kind="instrument",
+    )
+
+    def convert(self, inputs: CaseInputs) -> None:
+        """Nothing: the oracle reads the canonical weights."""
+        return None
+
+    def run(self, prepared: None, inputs: CaseInputs, out: torch.Tensor) -> None:
+        """The exact layer, rounded to ``out``'s dtype."""
+        out.copy_(inputs.reference(Precision(output=out.dtype)))

@@ -1,0 +1,448 @@
+"""The differential engine: one backend, one case, one architecture in; one verdict out.
+
+``run_case`` guards every call the way a kernel author needs to trust the verdict: the output
+buffer is poisoned with NaN first (an unwritten element shows), every input is snapshotted
+and compared bit for bit afterwards (a kernel that writes into its inputs is caught), the compared call runs twice
+and the runs are compared bit for bit (non-determinism is reported apart from wrongness), an
+exception becomes ERROR with its traceback, and the numbers are judged against the per-element
+bound of ``harness.judge.bounds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mxmoe.harness.contract.backend import Backend, BackendUnavailable
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
+from mxmoe.harness.contract.platforms import check_arch, device_for, host_arch
+from mxmoe.harness.judge.bounds import Bounded, tie_aware_bound
+
+OUTCOMES = ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")
+
+
+def test_id(backend_id: str, arch: str, case: Case) -> str:
+    """``backend-arch-case`` (docs/cases.md): what pytest shows and ``-k`` selects."""
+    return f"{backend_id}-{arch}-{case.id}"
+
+
+@dataclass
+class Metrics:
+    """How the output compares with the oracle. Ratios are |got - ref| / bound per element."""
+
+    elements: int = 0
+    worst_ratio: float = 0.0
+    worst_index: tuple[int, int] | None = None
+    worst_got: float | None = None
+    worst_ref: float | None = None
+    worst_bound: float | None = None
+    over_bound: int = 0
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    """max |got - ref| / max |ref| (the triton_kernels normalisation)."""
+    rms_rel_err: float = 0.0
+    """sqrt(mean (got - ref)^2) / sqrt(mean ref^2)."""
+    cosine: float = 1.0
+    nonfinite: int = 0
+    """Elements that are NaN or infinite where the oracle is finite (unwritten ones included)."""
+    unwritten: int = 0
+    """Elements still holding the poison NaN (a payload no arithmetic writes)."""
+    nondeterministic: int = 0
+    """Elements that differ between the two runs."""
+    over_rigorous: int = 0
+    """Elements beyond even the rigorous (worst-case) bound: wrong for certain."""
+    within_30pct: float = 1.0
+    """Share of elements with |got - ref| <= 0.3 |got| (vLLM's test_ocp_mx_moe accepts >= 0.8)."""
+    rms_over_max_ref: float = 0.0
+    """sqrt(mean (got - ref)^2) / max |ref| (triton_kernels' tests accept <= 0.005, with
+    max_rel_err <= 0.025)."""
+    systematic_z: float | None = None
+    """The systematic-error test's largest z (``harness.judge.systematic``); None where it did not run."""
+    systematic_threshold: float | None = None
+    """Its threshold for a false-alarm rate of ``harness.judge.systematic.ALPHA`` per case."""
+    systematic: str = ""
+    """Its finding: where the largest projection is, and whether it fired."""
+    unjudged: int = 0
+    """Elements where the oracle is finite but the bound or the error/bound ratio is not a finite
+    number (a NaN or infinite bound, inf/inf): nothing is known there, so the case is an ERROR of
+    the harness, never a pass."""
+
+    @property
+    def systematic_fired(self) -> bool:
+        """Whether the error is systematic beyond the test's threshold."""
+        return self.systematic_z is not None and self.systematic_z > (self.systematic_threshold or math.inf)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data for the results file."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Result:
+    """The verdict on one (backend, arch, case)."""
+
+    test_id: str
+    backend: str
+    arch: str
+    case: Case
+    outcome: str
+    reason: str = ""
+    metrics: Metrics = field(default_factory=Metrics)
+    traceback: str = ""
+    seconds: float = 0.0
+    findings: list[str] = field(default_factory=list)
+    """Observations that are not failures by themselves (declared non-determinism, for one)."""
+    build: str = ""
+    """Which build of the kernel ran (``Backend.provenance``): the vendor package's version and
+    where it was loaded from, or the project's own build of it; empty for the harness's own."""
+    diagnosis: str = ""
+    """For a FAIL checked with ``diagnose``: the catalogue fault that explains the output, and
+    where the error concentrates (``harness.diagnosis``)."""
+
+
+HARNESS_RAISED = "the harness raised (not the backend)"
+
+
+def harness_error(result: Result) -> bool:
+    """Whether an ERROR is the harness's own (it raised making inputs or the oracle, or its bound
+    is not finite somewhere), not the backend's: such an ERROR says nothing of the kernel, so it is
+    never counted as a fault caught."""
+    return result.outcome == "ERROR" and (result.reason == HARNESS_RAISED or result.metrics.unjudged > 0)
+
+
+Diagnose = Callable[[CaseInputs, torch.Tensor, Any], str]
+"""How a FAIL gets its diagnosis: ``(inputs, the failing output, the declared arithmetic)`` to a
+one-line summary. The front-ends pass ``diagnosis.explain.summarize``; the engine sits below the
+diagnosis (which runs the fault catalogue through it), so it receives the diagnosis as a callback
+and never imports it."""
+
+DIAGNOSE_MAX_ELEMENTS = 1 << 20
+"""Largest output (T x H elements) a failing check diagnoses on its own: the diagnosis reruns some
+thirty faults through the float64 oracle. Larger cases say how to ask for it."""
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """SHA-256 of each tensor's bytes (on the CPU): a fingerprint that can be compared across
+    processes and hosts (the purity of ``make_inputs``)."""
+    out = {}
+    for name, t in tensors.items():
+        data = t.detach().contiguous().cpu()
+        out[name] = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
+    return out
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_differences(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two same-dtype tensors differ in any bit (NaN payloads included)."""
+    it = _SAME_SIZE_INT[a.element_size()]
+    return int((a.view(it) != b.view(it)).sum())
+
+
+# Quiet NaNs with a payload no arithmetic produces (kernels write the canonical NaN), so an element
+# still holding it was never written, and a NaN the kernel computed is told apart.
+_POISON_BITS = {
+    torch.float64: 0x7FF8_0000_DEAD_BEEF,
+    torch.float32: 0x7FDE_ADBE,
+    torch.bfloat16: 0x7FDE,
+    torch.float16: 0x7EDE,
+}
+
+
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor filled with the poison NaN of ``dtype``."""
+    it = _SAME_SIZE_INT[torch.finfo(dtype).bits // 8]
+    bits = _POISON_BITS[dtype]
+    if bits >= 1 << (torch.finfo(dtype).bits - 1):  # as a signed integer of that width
+        bits -= 1 << torch.finfo(dtype).bits
+    return torch.full(shape, bits, dtype=it, device=device).view(dtype)
+
+
+def still_poisoned(t: torch.Tensor) -> torch.Tensor:
+    """Where ``t`` still holds the poison (bool, same shape)."""
+    return t.view(_SAME_SIZE_INT[t.element_size()]) == poisoned((), t.dtype, t.device).view(
+        _SAME_SIZE_INT[t.element_size()]
+    )
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, poison_left: torch.Tensor) -> Metrics:
+    """Metrics of ``got`` against ``ref`` under ``bound`` (float64 [T, H] each; ``poison_left``
+    marks elements the backend never wrote)."""
+    g = got.to(torch.float64)
+    m = Metrics(elements=g.numel())
+    if g.numel() == 0:
+        return m
+    finite_ref = torch.isfinite(ref)
+    bad = finite_ref & ~torch.isfinite(g)
+    m.nonfinite = int(bad.sum())
+    m.unwritten = int((poison_left & finite_ref).sum())
+    err = torch.where(bad, torch.full_like(g, math.inf), (g - ref).abs())
+    err = torch.where(finite_ref, err, torch.zeros_like(err))
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    # A NaN comparison is False: a NaN bound or ratio would pass every element it touches.
+    m.unjudged = int((finite_ref & (~torch.isfinite(bound) | torch.isnan(ratio) | (bound < 0))).sum())
+    flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf)))
+    row, col = divmod(flat, g.shape[1])
+    m.worst_ratio = float(ratio.reshape(-1)[flat])
+    m.worst_index = (row, col)
+    m.worst_got, m.worst_ref, m.worst_bound = float(g[row, col]), float(ref[row, col]), float(bound[row, col])
+    m.over_bound = int((ratio > 1).sum())
+    finite_err = err[torch.isfinite(err)]
+    m.max_abs_err = float(err.max())
+    scale = float(ref[finite_ref].abs().max()) if bool(finite_ref.any()) else 0.0
+    m.max_rel_err = m.max_abs_err / scale if scale > 0 else (0.0 if m.max_abs_err == 0 else math.inf)
+    m.within_30pct = float(((g - ref).abs() <= 0.3 * g.abs()).double().mean())
+    if finite_err.numel() == err.numel():
+        ref_rms = float(ref.pow(2).mean().sqrt())
+        err_rms = float(err.pow(2).mean().sqrt())
+        m.rms_rel_err = err_rms / ref_rms if ref_rms > 0 else (0.0 if err_rms == 0 else math.inf)
+        m.rms_over_max_ref = err_rms / scale if scale > 0 else (0.0 if err_rms == 0 else math.inf)
+        num = float((g * ref).sum())
+        den = float(g.norm() * ref.norm())
+        m.cosine = num / den if den > 0 else (1.0 if float(g.norm()) == float(ref.norm()) else 0.0)
+    else:
+        m.rms_rel_err, m.cosine, m.rms_over_max_ref = math.inf, math.nan, math.inf
+    return m
+
+
+def peer_verdicts(m: Metrics) -> dict[str, bool]:
+    """Whether the peers' acceptance rules (docs/peers.md) would reject this output: vLLM's
+    test_ocp_mx_moe (80% of elements within 30% of the kernel's own output) and triton_kernels'
+    tests (max error <= 0.025 and RMS error <= 0.005, both over max |ref|)."""
+    return {
+        "vllm_80pct_0p3": m.within_30pct < 0.8,
+        "triton_kernels": not (m.max_rel_err <= 0.025 and m.rms_over_max_ref <= 0.005),
+    }
+
+
+def failure_message(result: Result, replay: str | None = None) -> str:
+    """A torch.testing.assert_close-style report, ending with the one-line replay command."""
+    m = result.metrics
+    lines = [f"{result.test_id}: {result.reason}"]
+    if m.elements:
+        pct = 100.0 * m.over_bound / m.elements
+        lines.append(f"Mismatched elements: {m.over_bound} / {m.elements} ({pct:.1f}%) exceed the error bound")
+        if m.worst_index is not None:
+            lines.append(
+                f"Greatest error/bound: {m.worst_ratio:.3g} at index {m.worst_index}: got {m.worst_got:.6g}, "
+                f"ref {m.worst_ref:.6g}, |diff| {abs((m.worst_got or 0) - (m.worst_ref or 0)):.3g} "
+                f"(up to {m.worst_bound:.3g} allowed)"
+            )
+        lines.append(
+            f"Max abs diff {m.max_abs_err:.3g}, max rel diff {m.max_rel_err:.3g}, RMS rel {m.rms_rel_err:.3g}, "
+            f"cosine {m.cosine:.8f}, non-finite {m.nonfinite}, unwritten {m.unwritten}"
+        )
+    if result.diagnosis:
+        lines.append(f"Diagnosis: {result.diagnosis}")
+    if result.traceback:
+        lines.append(result.traceback.rstrip())
+    if replay:
+        lines.append(f"Replay: {replay}")
+    return "\n".join(lines)
+
+
+def judge(backend: Backend, result: Result) -> None:
+    """Set outcome and reason from the metrics (and the declaration's strict xfails): the one
+    verdict rule of every check (single case, model layer, distributed)."""
+    m = result.metrics
+    d = backend.declaration
+    problems = []
+    if m.unwritten:
+        problems.append(f"{m.unwritten} output elements never written")
+    if m.nonfinite > m.unwritten:
+        problems.append(f"{m.nonfinite - m.unwritten} non-finite output elements where the oracle is finite")
+    if m.over_bound:
+        problems.append(
+            f"{m.over_bound} of {m.elements} elements exceed the error bound (worst {m.worst_ratio:.3g}x; "
+            f"{m.over_rigorous} beyond the rigorous bound, the rest beyond the probabilistic one, which honest "
+            "arithmetic exceeds with probability < 3e-14 per element)"
+        )
+    if m.systematic_fired:
+        within = "" if m.over_bound else f" (every element within the bound: worst {m.worst_ratio:.3g}x)"
+        problems.append(f"systematic: {m.systematic}{within}")
+    if m.nondeterministic:
+        text = f"{m.nondeterministic} elements differ between two runs on the same inputs"
+        if d.deterministic:
+            problems.append(text + " (declared deterministic)")
+        else:
+            result.findings.append(text + " (declared non-deterministic)")
+    unjudged = []
+    if m.unjudged:
+        unjudged.append(f"{m.unjudged} of {m.elements} elements have no finite error bound or error/bound ratio "
+                        "(a harness error: they are not judged)")
+    if m.systematic_z is not None and not math.isfinite(m.systematic_z) and not (m.nonfinite or m.unwritten):
+        unjudged.append(f"the systematic-error test's z is {m.systematic_z} (a harness error)")
+    if result.outcome not in ("ERROR",):
+        if unjudged and not problems:
+            result.outcome, result.reason = "ERROR", "; ".join(unjudged)
+        else:
+            result.outcome = "FAIL" if problems else "PASS"
+            result.reason = "; ".join(problems + unjudged) if problems else f"worst error/bound {m.worst_ratio:.3g}"
+    for xf in d.xfails:
+        if xf.matches(result.case):
+            if result.outcome in ("FAIL", "ERROR"):
+                result.outcome, result.reason = "XFAIL", f"{xf.reason} ({xf.link}): {result.reason}"
+            else:
+                result.outcome, result.reason = "FAIL", f"unexpected pass of a strict xfail: {xf.reason} ({xf.link})"
+
+
+def guarded_call(
+    backend: Backend,
+    inputs: CaseInputs,
+    result: Result,
+    *,
+    bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
+    prepared: Callable[[], Any] | None = None,
+    diagnose: Diagnose | None = None,
+) -> torch.Tensor | None:
+    """The guarded, judged call of a backend that applies and is loaded: snapshot the inputs,
+    convert (or ``prepared()``, for a caller that keeps converted weights, as a model's layer
+    does), run twice into poisoned buffers, compare with the oracle under the bound (``bounded``
+    if given; a function of the output where the oracle admits alternatives, as an exact routing
+    tie does), check the inputs are unchanged, and set ``result``'s outcome, reason and metrics.
+    Returns the first run's output, or None when the backend raised (``result`` is its ERROR).
+    Raises only for the harness's own failures (making the oracle)."""
+    d = backend.declaration
+    result.build = backend.provenance() or ""
+    if bounded is None:
+        bounded, tied = tie_aware_bound(inputs, d.arithmetic)
+        if tied:
+            result.findings.append(f"{tied} token(s) routed at an exact top-k tie: judged by the closer resolution")
+    before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
+    shape = (inputs.case.tokens, inputs.case.hidden)
+    try:
+        ready = prepared() if prepared is not None else backend.convert(inputs)
+        runs = []
+        for _ in range(2):
+            out = poisoned(shape, d.arithmetic.precision.output, inputs.x.device)
+            backend.run(ready, inputs, out)
+            if out.is_cuda:
+                torch.cuda.synchronize(out.device)
+            runs.append(out)
+    except Exception:
+        result.outcome = "ERROR"
+        result.reason = "the backend raised"
+        result.traceback = traceback.format_exc()
+        judge(backend, result)
+        return None
+    got = runs[0]
+    del ready  # the backend's converted weights (45 GB as fp32 at DeepSeek-V3) are not needed to judge
+    if callable(bounded):
+        bounded = bounded(got)
+    result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
+    g64 = got.to(torch.float64)
+    result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
+    result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
+    _systematic(inputs, bounded, got, result)
+    now = inputs.tensors()
+    mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
+    judge(backend, result)
+    if mutated and result.outcome != "XFAIL":
+        result.outcome = "FAIL"
+        result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
+            f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
+        )
+    if diagnose is not None and result.outcome == "FAIL" and not mutated:
+        result.diagnosis = _diagnose_failing_run(inputs, runs, bounded, result, d.arithmetic, diagnose)
+    return got
+
+
+def _diagnose_failing_run(
+    inputs: CaseInputs, runs: list[torch.Tensor], bounded: Bounded, result: Result, arithmetic: object,
+    diagnose: Diagnose,
+) -> str:
+    """The diagnosis of the run that is numerically wrong: the first where it is; the second where
+    only it is (a kernel whose two runs differ, one of them wrong); none where both are within the
+    bound (then every catalogue fault would 'explain' an output that needs no explaining)."""
+    m = result.metrics
+    if m.over_bound or m.nonfinite or m.unwritten or m.systematic_fired:
+        return _diagnosis(inputs, runs[0], arithmetic, diagnose)
+    if m.nondeterministic:
+        second = compare(runs[1], bounded.ref, bounded.bound, still_poisoned(runs[1]))
+        if second.over_bound or second.nonfinite or second.unwritten:
+            second_diagnosis = _diagnosis(inputs, runs[1], arithmetic, diagnose)
+            return (f"of the second run (the first is within the bound, worst {m.worst_ratio:.3g}x; the second's "
+                    f"worst is {second.worst_ratio:.3g}x): " + second_diagnosis)  # fmt: skip
+        return (f"none needed: both runs are within the bound (worst {m.worst_ratio:.3g}x and "
+                f"{second.worst_ratio:.3g}x); they differ in {m.nondeterministic} elements")  # fmt: skip
+    return f"none needed: the output is within the bound (worst {m.worst_ratio:.3g}x)"
+
+
+def _systematic(inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result) -> None:
+    """Run ``harness.judge.systematic`` on the output into the metrics; where it does not apply (a tie,
+    a non-finite element), say so among the findings."""
+    from mxmoe.harness.judge.systematic import systematic_test
+
+    found = systematic_test(inputs.weights, bounded, got)
+    m = result.metrics
+    if found is None:
+        if m.elements and bounded.terms is None:
+            result.findings.append("systematic-error test not run: the oracle admits alternatives (a tie)")
+        return
+    m.systematic_z, m.systematic_threshold, m.systematic = found.z, found.threshold, found.finding()
+
+
+def _diagnosis(inputs: CaseInputs, got: torch.Tensor, arithmetic: object, diagnose: Diagnose) -> str:
+    """``diagnose``'s summary, or why there is none (never an exception: a verdict stands without
+    its diagnosis)."""
+    if got.numel() > DIAGNOSE_MAX_ELEMENTS:
+        return (f"not run on its own for {got.numel()} output elements (over {DIAGNOSE_MAX_ELEMENTS}): "
+                "python -m harness diagnose REPRO.json")  # fmt: skip
+    try:
+        return diagnose(inputs, got, arithmetic)
+    except Exception as exc:
+        return f"could not be made: {type(exc).__name__}: {exc}"
+
+
+def run_case(
+    backend: Backend,
+    case: Case,
+    arch: str,
+    *,
+    inputs: CaseInputs | None = None,
+    bounded: Bounded | None = None,
+    diagnose: Diagnose | None = None,
+) -> tuple[Result, CaseInputs | None]:
+    """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
+    it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
+    before they were made. ``bounded`` (the oracle and bound of these inputs under this
+    backend's declared arithmetic) may be passed by a caller that checks many backends of one
+    arithmetic on the same inputs. ``diagnose``: a FAIL gets its diagnosis (``Result.diagnosis``)
+    from it; the user-facing checks pass one, the fault catalogue does not (it plants the cause)."""
+    check_arch(arch)
+    d = backend.declaration
+    result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
+    start = time.perf_counter()
+    try:
+        reason = backend.supports(case, arch)
+        if reason:
+            result.reason = reason
+            return result, None
+        if arch != host_arch():
+            result.reason = f"needs {arch} hardware; this host is {host_arch()}"
+            return result, None
+        try:
+            backend.load()
+        except (ImportError, BackendUnavailable) as exc:
+            result.reason = f"{d.id} cannot run here: {exc}"
+            return result, None
+        inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
+        guarded_call(backend, inputs, result, bounded=bounded, diagnose=diagnose)
+        return result, inputs
+    except Exception:
+        # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.
+        result.outcome = "ERROR"
+        result.reason = HARNESS_RAISED
+        result.traceback = traceback.format_exc()
+        return result, inputs
+    finally:
+        result.seconds = time.perf_counter() - start

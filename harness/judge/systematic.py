@@ -1,0 +1,192 @@
+"""The systematic-error test: faults too small for the per-element bound, caught by their shape.
+
+Why. The bound (``harness.judge.bounds``) judges each element alone, so a fault whose error per element
+is below honest rounding passes it: bf16 routing weights in a backend that declares fp32 ones
+(relative error up to 2^-9 of each slot, against bf16 output rounding of the same size), or one
+E8M0 byte off by one on a block whose share of its element is small. Such errors are not shaped
+like rounding, though. Honest rounding errors are sums of many independent, mean-zero elementary
+errors; a fault's error is a fixed vector: a token's error lies along one slot's output (a wrong
+routing weight, a mis-scaled expert), or, over the tokens of one expert, along the footprint of one
+weight block (a wrong scale byte). Projecting the error on that vector adds up what rounding
+cancels, the way a matched filter does.
+
+Derivation. ``harness.judge.bounds`` models the error of an element, to first order, as ``sum c_i d_i``
+over independent elementary rounding errors ``|d_i| <= r_i`` (mean zero), plus a coherent part
+``L`` kept worst-case (routing-weight errors, shared by a token's slots; the activation input's
+error; second-order terms). A projection ``P = <e, v>`` of a token's error e on a vector v is then
+``sum_i <c_i, v> d_i`` plus at most ``sum_h |v_h| L_h``, and Hoeffding's inequality gives
+
+    P(|P| - sum_h |v_h| L_h >= z * s) <= 2 exp(-z^2 / 2),  s^2 = sum_i <c_i, v>^2 r_i^2.
+
+For one element (v a unit vector) ``s^2`` is the bound's own per-element sum of squared ranges
+plus the element's final rounding, which is independent across elements (``SlotTerms.variance``).
+Over a token's elements the sources are not all private to one element: an error of the
+activation ``a_i`` of slot j reaches every element through ``W2[:, i]``. The exact ``s^2`` moves
+those sources from the per-element sum to their projected form:
+
+    s^2 = sum_h v_h^2 (S_h - sum_j w_j^2 sum_i W2_j[h, i]^2 q_ji) + sum_j w_j^2 sum_i (W2_j^T v)_i^2 q_ji
+
+with ``q_ji`` the squared ranges of slot j's activation errors (``SlotTerms.intermediate_sq``) and
+``w_j`` its routing weight. Different tokens round independently, so sums of projections over
+tokens add their ``s^2`` and their coherent parts.
+
+The hypotheses (each a projection, z = (|P| - coherent) / s):
+
+* slot: the error of token t along slot j's output ``w_j y_j``: a wrong routing weight, a slot
+  dropped or doubled, a wrong expert's output;
+* expert: the same summed over every slot routed to expert e: an expert scaled wrong;
+* block: the error of output element h over the tokens of expert e along the contribution of w2
+  block (h, b) (``w_j sum_{i in b} a_ji W2_e[h, i]``): one E8M0 byte of w2 off (a wrong power of
+  two scales exactly that contribution).
+
+With N hypotheses in a case, the union bound over Hoeffding's tails puts the threshold at
+``z* = sqrt(2 ln(2 N / ALPHA))``: an honest backend fires with probability at most ALPHA per case
+(1e-6: a nightly matrix of ten thousand cases false-alarms with probability under 1%), under the
+same model of independent, mean-zero rounding the bound's probabilistic tier rests on. Where that
+model fails (a kernel that truncates instead of rounding to nearest, in every step of a long
+sum), the test fires: that is a deviation from the declared arithmetic, and the finding says so.
+
+What it cannot see: a fault whose footprint is a single element of a single token is judged by
+the bound alone (its z is that element's error over its own range, and the threshold, raised by
+the multiplicity, is above the bound's 8); see ``suites/systematic`` for the DeepSeek-V3 case.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mxmoe.harness.judge.bounds import Bounded
+from mxmoe.reference.moe import MoEWeights
+from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
+
+ALPHA = 1e-6
+"""Largest probability that an honest backend fires the test on one case (all hypotheses
+together), under the model of independent, mean-zero rounding errors."""
+_CHUNK = 1 << 24
+"""Float64 elements per block-footprint chunk (128 MiB)."""
+
+
+@dataclass(frozen=True)
+class Systematic:
+    """The test's result on one output: the largest z over every hypothesis, the threshold for
+    ALPHA at this many hypotheses, and where the largest z is."""
+
+    z: float
+    threshold: float
+    hypotheses: int
+    family: str
+    """``slot``, ``expert`` or ``block``: which hypothesis had the largest z."""
+    where: str
+    """That hypothesis in words ("expert 7's output (token 3, slot 1)")."""
+
+    @property
+    def fired(self) -> bool:
+        """Whether the error is systematic at the stated false-alarm rate."""
+        return self.z > self.threshold
+
+    def finding(self) -> str:
+        """One line for a reason or a report."""
+        verdict = "error correlates with" if self.fired else "largest projection:"
+        return (f"{verdict} {self.where}, z = {self.z:.3g} (threshold {self.threshold:.3g} for a false-alarm "
+                f"rate {ALPHA:g} per case over {self.hypotheses} projections)")  # fmt: skip
+
+
+def threshold(hypotheses: int, alpha: float = ALPHA) -> float:
+    """z* with ``hypotheses * 2 exp(-z*^2 / 2) = alpha``: the union bound over Hoeffding's tails."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1); got {alpha!r}")
+    return math.sqrt(2.0 * math.log(2.0 * max(hypotheses, 1) / alpha))
+
+
+def _excess(p: torch.Tensor, coherent: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+    """z of each projection: what exceeds the coherent allowance, over the Hoeffding scale; 0
+    where no independent error reaches the projection (then it is zero too, or coherent)."""
+    over = torch.clamp(p.abs() - coherent, min=0.0)
+    return torch.where(s2 > 0, over / s2.clamp(min=1e-300).sqrt(), torch.zeros_like(over))
+
+
+class _Best:
+    """The largest z seen, and where."""
+
+    def __init__(self) -> None:
+        self.z, self.family, self.where = 0.0, "slot", "nothing"
+
+    def offer(self, z: torch.Tensor, family: str, where: object) -> None:
+        if z.numel() == 0:
+            return
+        flat = int(torch.argmax(z))
+        value = float(z.reshape(-1)[flat])
+        if value > self.z:
+            self.z, self.family = value, family
+            self.where = where(flat) if callable(where) else str(where)
+
+
+def systematic_test(
+    weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha: float = ALPHA
+) -> Systematic | None:
+    """Project ``got``'s error (against ``bounded.ref``) on every hypothesis of the package
+    docstring. None when it does not apply: the bound carries no slot terms (a tie, a sharded
+    bound), or an element is not finite (the bound has already failed it)."""
+    terms = bounded.terms
+    if terms is None or got.numel() == 0:
+        return None
+    err = got.to(torch.float64) - bounded.ref
+    if not bool(torch.isfinite(err).all()):
+        return None
+    t, k, hidden = terms.slot_out.shape
+    var, coh = terms.variance, terms.coherent
+    ids = terms.ids
+    # slot projections: P[t, j] = <e_t, v_tj>, v the slot's weighted output
+    v = terms.slot_out.double()
+    p_slot = torch.einsum("th,tjh->tj", err, v)
+    c_slot = torch.einsum("th,tjh->tj", coh, v.abs())
+    s2_slot = torch.einsum("th,tjh->tj", var, v**2)  # every source private to its element, as yet
+    best = _Best()
+    blocks = 0
+    experts = torch.unique(ids[ids >= 0]).tolist()
+    block_z = []
+    for e in experts:
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        w2 = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).to(err.device)  # [H, I]
+        wf2 = terms.weight[tok, slot].unsqueeze(1) ** 2
+        q = terms.intermediate_sq[tok, slot].double() * wf2  # [n, I]: this slot's activation errors, weighted
+        # those errors reach every element of the token: take their private share back out ...
+        private = q @ (w2**2).T  # [n, H]
+        s2_slot[tok] -= torch.einsum("nh,njh->nj", private, v[tok] ** 2)
+        # ... and put them in projected: (W2^T v)_i^2 q_i, for every projection of the token
+        s2_slot[tok] += torch.einsum("nji,ni->nj", (v[tok] @ w2) ** 2, q)
+        # block footprints: over this expert's slots, element h along w_j sum_{i in b} a_ji W2[h, i]
+        nb = w2.shape[1] // BLOCK
+        a = (terms.intermediate[tok, slot].double() * terms.weight[tok, slot].unsqueeze(1)).reshape(-1, nb, BLOCK)
+        wb = w2.reshape(hidden, nb, BLOCK)
+        p_blk = torch.zeros(nb, hidden, dtype=torch.float64, device=err.device)
+        c_blk, s2_blk = torch.zeros_like(p_blk), torch.zeros_like(p_blk)
+        step = max(1, _CHUNK // (nb * hidden))
+        for lo in range(0, tok.numel(), step):
+            f = torch.einsum("nbi,hbi->nbh", a[lo : lo + step], wb)  # [n, nb, H]
+            rows = tok[lo : lo + step]
+            p_blk += torch.einsum("nbh,nh->bh", f, err[rows])
+            c_blk += torch.einsum("nbh,nh->bh", f.abs(), coh[rows])
+            s2_blk += torch.einsum("nbh,nh->bh", f**2, var[rows])
+        z = _excess(p_blk, c_blk, s2_blk)
+        blocks += z.numel()
+        block_z.append(
+            (z, e, lambda flat, e=e, nb=nb: f"the contribution of expert {e}'s w2 block (row {flat % hidden}, "
+             f"block {flat // hidden}: columns {BLOCK * (flat // hidden)}..{BLOCK * (flat // hidden) + BLOCK - 1})")
+        )  # fmt: skip
+    s2_slot = s2_slot.clamp(min=0.0)
+    routed = ids >= 0
+    z_slot = torch.where(routed, _excess(p_slot, c_slot, s2_slot), torch.zeros_like(p_slot))
+    flat_ids = ids.reshape(-1)
+    best.offer(z_slot, "slot", lambda f: f"expert {int(flat_ids[f])}'s output (token {f // k}, slot {f % k})")
+    for e in experts:
+        mask = ids == e
+        z = _excess(p_slot[mask].sum().reshape(1), c_slot[mask].sum().reshape(1), s2_slot[mask].sum().reshape(1))
+        best.offer(z, "expert", f"expert {e}'s output over its {int(mask.sum())} tokens")
+    for z, _e, where in block_z:
+        best.offer(z, "block", where)
+    n = int(routed.sum()) + len(experts) + blocks
+    return Systematic(z=best.z, threshold=threshold(n, alpha), hypotheses=n, family=best.family, where=best.where)

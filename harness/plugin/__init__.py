@@ -1,0 +1,306 @@
+"""The pytest plugin: suite-wide options, the Hypothesis profiles, and the differential test's
+parametrization over (backend, arch, case).
+
+Loaded by ``suites/conftest.py`` (``pytest_plugins = ["mxmoe.harness.plugin"]``). Options:
+
+* ``--backend PATTERN`` (repeatable): shell globs on backend ids; none = every backend of kind
+  ``backend`` plus every file-given one (``harness.run.registry.select``).
+* ``--backend-file PATH:Class`` (repeatable): a backend written outside the project.
+* ``--profile pr|nightly``: the case list (``harness.run.profiles``) and the Hypothesis profile.
+* ``--shard I/K``: shard I of K of the differential tests (by a hash of the test id; CI matrices).
+* ``--results DIR``: record every verdict there (``harness.run.results``), and a reproducer for every
+  FAIL and ERROR; without it nothing is written.
+
+Under pytest-xdist, ``-n auto`` starts one worker per CPU core (at least one per visible GPU, CUDA
+or ROCm) and worker ``gwN`` is pinned to GPU N modulo their number. A worker killed by a
+kernel fault (a segfault, an illegal memory access that ends the process) is replaced by xdist;
+the test it was running is recorded here as that case's ERROR (with ``--results``), and every
+other worker's results stay in their own files.
+
+Any test that requests ``differential`` is parametrized over every selected backend x every arch
+it declares x every case of the profile, with ids ``engine.test_id`` (``emulation-gfx942-tiny-
+interleaved-t7``). The set is the same on every host: whether this host has the arch is decided
+when the test runs (a SKIP with the engine's reason), never at collection.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.diagnosis.explain import summarize
+from mxmoe.harness.judge.engine import Result, failure_message, run_case, test_id
+from mxmoe.harness.run.profiles import PROFILES, profile_cases
+from mxmoe.harness.run.registry import Loaded, discover, select
+
+for _name, _examples in (("pr", 25), ("nightly", 400)):
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        derandomize=True,  # a run's examples derive from the test's identity, never from the clock
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+_SELECTED = pytest.StashKey[list[Loaded]]()
+_RECORDER = pytest.StashKey[object]()
+
+
+@dataclass(frozen=True)
+class Differential:
+    """One differential test's parameter: the backend (and where it came from), the arch, the case."""
+
+    loaded: Loaded
+    arch: str
+    case: Case
+
+    @property
+    def test_id(self) -> str:
+        """``backend-arch-case``."""
+        return test_id(self.loaded.backend.declaration.id, self.arch, self.case)
+
+
+def _shard(value: str) -> tuple[int, int]:
+    i, _, k = value.partition("/")
+    try:
+        index, count = int(i), int(k)
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard: expected I/K with 0 <= I < K, got {value!r}")
+    return index, count
+
+
+def shard_of(test_id: str, count: int) -> int:
+    """The shard of ``test_id`` among ``count``: a hash of the id, stable across hosts and runs."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:8], "little") % count
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("--shard")
+    if shard is None:
+        return
+    index, count = shard
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        differential = callspec.params.get("differential") if callspec is not None else None
+        mine = shard_of(differential.test_id, count) == index if differential is not None else index == 0
+        (keep if mine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mxmoe", "MXFP4 MoE differential harness")
+    group.addoption(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="backends to check: shell glob on the backend id (repeatable); default: every kind-'backend' "
+        "backend plus every --backend-file one",
+    )
+    group.addoption(
+        "--backend-file",
+        action="append",
+        default=[],
+        metavar="PATH:Class",
+        help="load a backend class from a Python file outside the project (repeatable)",
+    )
+    group.addoption(
+        "--shard",
+        default=None,
+        type=_shard,
+        metavar="I/K",
+        help="run shard I of K (0 <= I < K) of the differential tests, chosen by a hash of the test id (so "
+        "the split does not depend on collection order); other tests run in shard 0 only",
+    )
+    group.addoption(
+        "--profile",
+        default="pr",
+        choices=PROFILES,
+        help="test profile: pr (fast, what CI runs) or nightly (many more cases)",
+    )
+    group.addoption(
+        "--results",
+        default=None,
+        metavar="DIR",
+        help="record every differential verdict (one JSON-lines file per process) and a reproducer for every "
+        "FAIL/ERROR in DIR; default: record nothing",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from mxmoe.harness.contract.platforms import use_triton_interpreter_without_gpu
+
+    use_triton_interpreter_without_gpu()  # before any test module imports triton
+    settings.load_profile(config.getoption("--profile"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        from mxmoe.harness.contract.platforms import pin_gpu
+
+        pin_gpu(int(worker[2:]))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # Each xdist worker would otherwise start one compute thread per core: on CI's 2 cores two
+        # workers' CPU forwards then contend and run several times slower than one worker alone.
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per CPU core, and never fewer than the visible GPUs (each worker is
+    pinned to GPU N modulo their number, so every GPU is used and the many CPU-bound tests of the
+    suite are not run one at a time on a one-GPU host)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return max(gpus, os.cpu_count() or 1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: object) -> None:
+    """A worker died while running ``crashitem``: record it as that case's ERROR (pytest reports
+    it as failed already); the controller writes its own results file."""
+    config = getattr(sched, "config", None) or _CONTROLLER.get("config")
+    results_dir = config.getoption("--results") if config is not None else None
+    name = crashitem.rpartition("[")[2].rstrip("]") if crashitem.endswith("]") else ""
+    if not results_dir or not name:
+        return None
+    found = next((d for d in _differentials(config) if d.test_id == name), None)
+    if found is None:
+        return None
+    d = found.loaded.backend.declaration
+    said = report.longreprtext.strip().splitlines()
+    result = Result(found.test_id, d.id, found.arch, found.case, "ERROR",
+                    reason=f"the pytest-xdist worker running it died ({said[-1] if said else 'no message'})")
+    _recorder(config, results_dir).record(result, found.loaded)
+    return None
+
+
+_CONTROLLER: dict[str, pytest.Config] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONTROLLER["config"] = session.config
+
+
+def _differentials(config: pytest.Config) -> list[Differential]:
+    """Every differential test of this run: selected backend x declared arch x profile case."""
+    cases = profile_cases(config.getoption("--profile"))
+    return [
+        Differential(item, arch, case)
+        for item in selected_backends(config)
+        for arch in item.backend.declaration.archs
+        for case in cases
+    ]
+
+
+@pytest.fixture(scope="session")
+def host_arch() -> str:
+    """This host's architecture token (``sm90``, ``gfx942``, ``cpu``): tests of the engine run on
+    the hardware they find, never on a hard-coded one, so the suite means the same on every host."""
+    from mxmoe.harness.contract.platforms import host_arch as _host_arch
+
+    return _host_arch()
+
+
+@pytest.fixture(scope="session")
+def host_device(host_arch: str) -> str:
+    """The torch device of ``host_arch`` (``cuda`` on a GPU, ROCm's too; ``cpu`` without one)."""
+    from mxmoe.harness.contract.platforms import device_for
+
+    return device_for(host_arch)
+
+
+@pytest.fixture(scope="session")
+def profile(request: pytest.FixtureRequest) -> str:
+    """The active profile's name, for tests that size their own sweeps."""
+    return request.config.getoption("--profile")
+
+
+def selected_backends(config: pytest.Config) -> list[Loaded]:
+    """The backends this run checks (discovered once per process)."""
+    if _SELECTED not in config.stash:
+        try:
+            loaded = discover(tuple(config.getoption("--backend-file")))
+            config.stash[_SELECTED] = select(loaded, tuple(config.getoption("--backend")))
+        except ValueError as exc:  # a pattern matching nothing, or two backends with one id
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_SELECTED]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "differential" not in metafunc.fixturenames:
+        return
+    params = _differentials(metafunc.config)
+    metafunc.parametrize("differential", params, ids=[p.test_id for p in params])
+
+
+def replay_pytest_command(request: pytest.FixtureRequest, differential: Differential) -> str:
+    """The pytest command that reruns exactly this test (a node id, not ``-k``: ``-k`` matches
+    substrings, and ``...-t1`` is a substring of ``...-t16-wide``)."""
+    config = request.config
+    path = request.node.path
+    try:
+        path = path.relative_to(config.rootpath)
+    except ValueError:
+        pass
+    node = f"{path.as_posix()}::{request.node.name}"
+    args = ["python", "-m", "pytest", node, "--backend", differential.loaded.backend.declaration.id]
+    if differential.loaded.spec.rpartition(":")[0].endswith(".py"):  # built-in and entry-point ones are found anyway
+        args += ["--backend-file", differential.loaded.spec]
+    profile = config.getoption("--profile")
+    if profile != "pr":
+        args += ["--profile", profile]
+    return shlex.join(args)
+
+
+def _recorder(config: pytest.Config, directory: str) -> object:
+    """This process's Recorder: one results file per process, so xdist workers never interleave."""
+    if _RECORDER not in config.stash:
+        from mxmoe.harness.run.results import Recorder
+
+        config.stash[_RECORDER] = Recorder(directory)
+    return config.stash[_RECORDER]
+
+
+def check_differential(differential: Differential, request: pytest.FixtureRequest) -> Result:
+    """Run one differential test: ``engine.run_case``, record the verdict (with ``--results``), write
+    a reproducer for FAIL/ERROR, then map the outcome to pytest (PASS returns the Result; SKIP,
+    XFAIL, FAIL and ERROR raise through pytest)."""
+    loaded = differential.loaded
+    result, inputs = run_case(loaded.backend, differential.case, differential.arch, diagnose=summarize)
+    results_dir = request.config.getoption("--results")
+    replay = None
+    if results_dir:
+        from mxmoe.harness.run.results import replay_command, save_repro
+
+        repro = None
+        if result.outcome in ("FAIL", "ERROR") and inputs is not None:
+            repro = save_repro(results_dir, result, inputs, loaded.spec)
+            replay = replay_command(repro)
+        _recorder(request.config, results_dir).record(result, loaded, repro)
+    if replay is None:
+        replay = replay_pytest_command(request, differential)
+    if result.outcome == "SKIP":
+        pytest.skip(result.reason)
+    if result.outcome == "XFAIL":
+        pytest.xfail(result.reason)
+    if result.outcome in ("FAIL", "ERROR"):
+        pytest.fail(failure_message(result, replay), pytrace=False)
+    for finding in result.findings:
+        request.node.add_report_section("call", "finding", finding)
+    return result

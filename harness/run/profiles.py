@@ -1,0 +1,92 @@
+"""The built-in case lists of each profile. A list is data, the same on every host: which cases
+run where is decided by the backends' declarations and the host, never by the list.
+
+* ``pr``: small shapes that run in seconds on a CPU (under the Triton interpreter too), covering
+  every structure once: token counts 0, 1, odd and larger, each zoo model, wide inputs, hot and
+  sparse routing, uneven TP shards, EP ranks, other routing methods and layouts, and gpt-oss-20b
+  itself at T=1 (H/32 = 90, whole and as an uneven TP8 shard).
+* ``nightly``: a grid over the same structures with many more token counts, distributions and
+  seeds (replicas), plus the production shapes (gpt-oss-20b and -120b, DeepSeek-V3) at
+  T = 1, 7, 128, 4096 (gpt-oss under both Renormalize and RenormalizeNaive), gpt-oss TP and EP
+  shards, meant for GPUs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from mxmoe.harness.contract.cases import Case, make_case
+
+PROFILES = ("pr", "nightly")
+SMALL_MODELS = ("tiny", "small", "odd", "dsmini", "tpsmall")
+BIG_MODELS = ("gptoss20b", "gptoss120b", "dsv3")
+_OTHER_ROUTINGS = ("Default", "RenormalizeNaive", "TopK", "Sigmoid", "SigmoidRenorm", "TopKSigmoid", "MiniMax2")
+
+
+def _pr() -> list[Case]:
+    cases = [make_case(m, t) for m in SMALL_MODELS for t in (0, 1, 7, 33)]
+    cases += [
+        make_case("tiny", 16, inputs="wide"),
+        make_case("small", 16, inputs="wide"),
+        make_case("dsmini", 16, inputs="wide"),
+        make_case("small", 16, skew="hot"),
+        make_case("small", 16, skew="sparse"),
+        make_case("dsmini", 16, skew="sparse"),
+        make_case("tpsmall", 9, tp=2, tp_rank=0),
+        make_case("tpsmall", 9, tp=2, tp_rank=1),
+        make_case("tpsmall", 9, tp=4, tp_rank=3),
+        make_case("dsmini", 9, ep=2, ep_rank=1),
+        make_case("small", 9, ep=4, ep_rank=2),
+        make_case("tiny", 8, routing="Llama4", top_k=1, activation="silu", limit=None),
+        make_case("tiny", 8, routing="Default"),
+        make_case("tiny", 8, routing="RenormalizeNaive"),
+        make_case("small", 8, routing="Sigmoid"),
+        make_case("small", 8, routing="MiniMax2", correction_bias=True, routed_scaling_factor=1.5),
+        make_case("small", 8, activation="silu", limit=None),
+        make_case("small", 8, limit=1.0),  # a clamp that binds often: where clamp faults are material
+        make_case("tiny", 8, layout="chunked_gate_up"),
+        make_case("tiny", 8, bias=False),
+        make_case("gptoss20b", 1),
+        make_case("gptoss20b", 1, tp=8, tp_rank=7),
+    ]
+    return cases
+
+
+def _nightly() -> list[Case]:
+    cases = []
+    tokens = (0, 1, 2, 3, 5, 7, 8, 16, 31, 33, 64, 128)
+    for m, t, inputs, skew, rep in itertools.product(
+        SMALL_MODELS, tokens, ("normal", "wide"), ("uniform", "hot", "sparse"), range(4)
+    ):
+        cases.append(make_case(m, t, inputs=inputs, skew=skew, replica=rep))
+    for m, routing, t, rep in itertools.product(("tiny", "small"), _OTHER_ROUTINGS, (1, 7, 33, 100), range(4)):
+        extra = {"correction_bias": True, "routed_scaling_factor": 1.5} if routing == "MiniMax2" else {}
+        cases.append(make_case(m, t, routing=routing, replica=rep, **extra))
+    for m, act, layout, t, rep in itertools.product(
+        ("tiny", "small", "odd"), ("silu", "swigluoai"), ("interleaved", "chunked_gate_up"), (1, 17, 64), range(4)
+    ):
+        cases.append(make_case(m, t, activation=act, limit=None if act == "silu" else 7.0, layout=layout, replica=rep))
+    for t, rep in itertools.product((1, 9, 40), range(4)):
+        cases += [make_case("tpsmall", t, tp=tp, tp_rank=r, replica=rep) for tp in (2, 4) for r in range(tp)]
+        cases += [make_case("dsmini", t, ep=ep, ep_rank=r, replica=rep) for ep in (2, 4) for r in range(ep)]
+        cases.append(make_case("tiny", t, routing="Llama4", top_k=1, activation="silu", limit=None, replica=rep))
+    for m, t in itertools.product(BIG_MODELS, (1, 7, 128, 4096)):
+        cases.append(make_case(m, t))
+    for m, t in itertools.product(BIG_MODELS[:2], (1, 7, 128, 4096)):  # vLLM's other GPT-OSS routing path
+        cases.append(make_case(m, t, routing="RenormalizeNaive"))
+    cases += [make_case("gptoss120b", 128, tp=8, tp_rank=r) for r in (0, 7)]
+    cases += [make_case("gptoss120b", 128, ep=4, ep_rank=r) for r in (0, 3)]
+    cases += [make_case("gptoss20b", 128, tp=4, tp_rank=r) for r in (0, 3)]
+    return cases
+
+
+def profile_cases(profile: str) -> list[Case]:
+    """The cases of ``profile`` (``pr`` or ``nightly``), each id once."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+    cases = _pr() if profile == "pr" else _nightly()
+    unique: dict[str, Case] = {}
+    for c in cases:  # grids overlap; one id must always mean one case
+        if unique.setdefault(c.id, c) != c:
+            raise AssertionError(f"two different cases share the id {c.id} in profile {profile}")
+    return list(unique.values())

@@ -1,0 +1,292 @@
+"""The sweep behind ``python -m harness check``: many (backend, case) pairs, each judged by
+``run_case`` in a worker PROCESS, so that a backend that kills its process (a segfault, an illegal
+memory access, ``os._exit``) or never returns costs one ERROR, not the sweep.
+
+The parent owns the only ``Recorder``: it sends a worker one ``(backend spec, case dict, arch)``
+task at a time, so when the worker dies or overruns its time the parent knows which case did it,
+records that case as ERROR (with the exit code or signal, or the seconds waited), saves the case's
+inputs as a reproducer (made in the parent: inputs are a pure function of the case), starts a fresh
+worker and goes on. A worker handles many cases and keeps its loaded backends, so a healthy sweep
+pays for a process start once per worker. Cases a backend does not support, or that need other
+hardware, are decided in the parent (``supports`` is pure), without a worker.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TextIO
+
+from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.contract.platforms import device_for, host_arch
+from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, run_case, test_id
+from mxmoe.harness.run.registry import Loaded, load_spec
+from mxmoe.harness.run.results import Recorder, save_repro
+
+STARTUP_GRACE = 300.0
+"""Seconds a fresh worker may take to start (import torch, initialise a GPU) on top of the timeout."""
+
+
+@dataclass
+class Verdict:
+    """One finished pair: the result, the backend it came from and its reproducer (if any)."""
+
+    result: Result
+    loaded: Loaded
+    repro: Path | None = None
+
+
+def _repro_or_note(directory: Path, result: Result, loaded: Loaded, inputs: object | None) -> Path | None:
+    """Save a reproducer for a FAIL or ERROR; a failure to save becomes a finding, never a crash."""
+    if result.outcome not in ("FAIL", "ERROR"):
+        return None
+    try:
+        if inputs is None:
+            inputs = make_inputs(result.case, device_for(result.arch))
+        return save_repro(directory, result, inputs, loaded.spec)
+    except Exception as exc:  # the verdict matters more than its reproducer
+        result.findings.append(f"no reproducer saved: {type(exc).__name__}: {exc}")
+        return None
+
+
+def worker_main(
+    conn: Connection, results_dir: str, threads: int, slot: int = 0, diagnose: Diagnose | None = None
+) -> None:
+    """A worker's loop: receive ``(index, spec, case dict, arch)``, answer ``("begin", index)`` at
+    once and ``("done", index, Result, repro path)`` at the end; ``None`` ends it. Backends are
+    loaded once per spec and kept. Worker ``slot`` is pinned to GPU ``slot`` modulo their number
+    (``platforms.pin_gpu``); its replacement after a crash takes the same GPU. ``diagnose`` (a
+    module-level function, so that it crosses the process boundary) diagnoses each FAIL."""
+    import torch
+
+    from mxmoe.harness.contract.platforms import pin_gpu
+
+    torch.set_num_threads(max(1, threads))
+    pin_gpu(slot)
+    cache: dict[str, Loaded] = {}
+    directory = Path(results_dir)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if task is None:
+            return
+        index, spec, case_dict, arch = task
+        conn.send(("begin", index))
+        loaded = cache.get(spec)
+        if loaded is None:
+            loaded = cache[spec] = load_spec(spec)
+        result, inputs = run_case(loaded.backend, Case.from_dict(case_dict), arch, diagnose=diagnose)
+        repro = _repro_or_note(directory, result, loaded, inputs)
+        conn.send(("done", index, result, None if repro is None else str(repro)))
+
+
+@dataclass
+class _Slot:
+    """A worker process and the task it is running."""
+
+    index: int = 0
+    process: multiprocessing.process.BaseProcess | None = None
+    conn: Connection | None = None
+    task: int | None = None
+    started: float = 0.0
+    begun: bool = False
+    deadline: float = 0.0
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name} ({-code})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Progress:
+    """Counts of each outcome and done/total on stderr: one updating line on a terminal, a plain
+    line every ``every`` seconds otherwise (CI logs)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, every: float = 10.0) -> None:
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every = every
+        self.counts: Counter[str] = Counter()
+        self.last = time.monotonic()
+        self.start = self.last
+        self.printed = ""
+
+    def line(self) -> str:
+        done = sum(self.counts.values())
+        parts = ", ".join(f"{self.counts[o]} {o}" for o in OUTCOMES if self.counts[o])
+        return f"check: {done}/{self.total} done ({parts or 'none yet'}) in {time.monotonic() - self.start:.0f} s"
+
+    def add(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        self.tick()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line())
+            self.stream.flush()
+        elif now - self.last >= self.every:
+            self.last = now
+            self.printed = self.line()
+            print(self.printed, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        if self.line() != self.printed:
+            print(self.line(), file=self.stream, flush=True)
+
+
+@dataclass
+class Sweep:
+    """Runs pairs in ``workers`` processes with a per-case ``timeout`` (seconds), recording each
+    verdict through ``recorder`` as it arrives."""
+
+    recorder: Recorder
+    workers: int = 1
+    timeout: float = 600.0
+    on_verdict: Callable[[Verdict], None] | None = None
+    diagnose: Diagnose | None = None
+    """Gives each FAIL its diagnosis (``engine.Diagnose``; the CLI passes the catalogue's)."""
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def _finish(self, verdict: Verdict) -> None:
+        self.recorder.record(verdict.result, verdict.loaded, verdict.repro)
+        self.verdicts.append(verdict)
+        if self.on_verdict:
+            self.on_verdict(verdict)
+
+    def _decided_here(self, loaded: Loaded, case: Case, arch: str) -> bool:
+        """Whether run_case would SKIP before loading the backend (cheap, no worker needed)."""
+        try:
+            return loaded.backend.supports(case, arch) is not None or arch != host_arch()
+        except Exception:
+            return False  # let the worker run it and record the exception
+
+    def run(self, pairs: list[tuple[Loaded, Case]], arch: str) -> list[Verdict]:
+        """Judge every pair on ``arch``; returns the verdicts in the order they finished."""
+        directory = self.recorder.directory
+        pending: list[int] = []
+        for i, (loaded, case) in enumerate(pairs):
+            if self._decided_here(loaded, case, arch):
+                result, inputs = run_case(loaded.backend, case, arch)
+                self._finish(Verdict(result, loaded, _repro_or_note(directory, result, loaded, inputs)))
+            else:
+                pending.append(i)
+        if not pending:
+            return self.verdicts
+        ctx = multiprocessing.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // max(1, self.workers))
+        slots = [_Slot(index=i) for i in range(min(self.workers, len(pending)))]
+        queue = list(reversed(pending))
+
+        def start(slot: _Slot) -> None:
+            parent_conn, child_conn = ctx.Pipe()
+            # Not a daemon: a backend may start processes of its own (daemons may not). A worker
+            # whose parent disappears sees EOF on its pipe and exits.
+            task = (child_conn, str(directory), threads, slot.index, self.diagnose)
+            proc = ctx.Process(target=worker_main, args=task, name="mxmoe-check")
+            proc.start()
+            child_conn.close()  # so that the worker's death shows as EOF here
+            slot.process, slot.conn, slot.task = proc, parent_conn, None
+
+        def stop(slot: _Slot) -> None:
+            if slot.process is not None and slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join(10)
+            if slot.conn is not None:
+                slot.conn.close()
+            slot.process, slot.conn, slot.task = None, None, None
+
+        def lost(slot: _Slot, reason: str) -> None:
+            """The worker died or overran while on ``slot.task``: an ERROR for that case."""
+            loaded, case = pairs[slot.task]
+            d = loaded.backend.declaration
+            result = Result(test_id(d.id, arch, case), d.id, arch, case, "ERROR", reason=reason)
+            result.seconds = time.monotonic() - slot.started
+            for xf in d.xfails:  # a known upstream crash is still the known failure
+                if xf.matches(case):
+                    result.outcome, result.reason = "XFAIL", f"{xf.reason} ({xf.link}): {reason}"
+            stop(slot)
+            self._finish(Verdict(result, loaded, _repro_or_note(directory, result, loaded, None)))
+
+        try:
+            while queue or any(s.task is not None for s in slots):
+                for slot in slots:
+                    if slot.task is None and queue:
+                        if slot.process is None or not slot.process.is_alive():
+                            stop(slot)
+                            start(slot)
+                        index = queue.pop()
+                        loaded, case = pairs[index]
+                        try:
+                            slot.conn.send((index, loaded.spec, case.to_dict(), arch))
+                        except (BrokenPipeError, OSError):
+                            queue.append(index)  # the idle worker had died: restart it next round
+                            stop(slot)
+                            continue
+                        # Until the worker says it has begun, its start-up (importing torch) is
+                        # not the backend's time.
+                        slot.task, slot.started, slot.begun = index, time.monotonic(), False
+                        slot.deadline = slot.started + self.timeout + STARTUP_GRACE
+                busy = [s for s in slots if s.task is not None]
+                if not busy:
+                    continue
+                wait_s = min(1.0, max(0.0, min(s.deadline for s in busy) - time.monotonic()))
+                ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=wait_s))
+                for slot in busy:
+                    if slot.conn in ready or slot.process.sentinel in ready:
+                        try:
+                            while slot.task is not None and slot.conn.poll():
+                                message = slot.conn.recv()
+                                if message[0] == "begin":
+                                    slot.started, slot.begun = time.monotonic(), True
+                                    slot.deadline = slot.started + self.timeout
+                                else:
+                                    _, index, result, repro = message
+                                    slot.task = None
+                                    self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
+                        except (EOFError, OSError):
+                            pass  # the worker is gone; its exit status says how
+                        if slot.task is not None and not slot.process.is_alive():
+                            slot.process.join(1)
+                            lost(slot, f"the backend's process crashed: {_exit_text(slot.process.exitcode)}")
+                    elif time.monotonic() > slot.deadline:
+                        what = f"no verdict within {self.timeout:g} s" if slot.begun else "the worker did not start"
+                        lost(slot, f"timeout: {what}; the worker was killed")
+        finally:
+            for slot in slots:
+                if slot.process is not None and slot.process.is_alive() and slot.task is None:
+                    try:
+                        slot.conn.send(None)
+                        slot.process.join(5)
+                    except (BrokenPipeError, OSError):
+                        pass
+                stop(slot)
+        return self.verdicts
+
+
+def worst_ratio(verdicts: list[Verdict]) -> float:
+    """The largest error/bound ratio among verdicts that compared numbers (0 when none did)."""
+    ratios = [v.result.metrics.worst_ratio for v in verdicts if v.result.metrics.elements]
+    ratios = [r for r in ratios if not math.isnan(r)]
+    return max(ratios, default=0.0)

@@ -1,0 +1,395 @@
+"""Drift between vLLM's own MXFP4 MoE oracle and this project's declarations, caught by running vLLM.
+
+The project declares, as data, what each vLLM backend does (``kernels/*.py``: archs, round-ups,
+w13 row layout, activations, routing methods) and how vLLM picks one (``harness.upstream.selection``).
+vLLM changes those under us. This module runs vLLM's own pure-Python pieces, on any host and
+without a GPU: its wheel's sources (``python -m harness fetch vllm``: no compiled extension is
+loaded) are imported in a subprocess that pretends to be each architecture
+(``harness.upstream.vllm_probe``), and the facts it prints are compared with the declarations:
+
+* ``round_up``: ``mxfp4_round_up_hidden_size_and_intermediate_size`` against each backend's
+  declared alignments, on gpt-oss, DeepSeek and CI-size shapes;
+* ``selection``: vLLM's choice for ``auto`` and every ``--moe-backend`` string both know, with
+  no, MXFP8 and FP8 activation quantization, against ``harness.upstream.selection``;
+* ``backends`` and ``moe_backend_strings``: the enum members and strings each side has;
+* ``activations``, ``routing_methods`` and ``w13_layout`` of each backend's kernel classes and
+  weight conversion.
+
+Every difference is a ``Drift``. Differences that are understood are listed, with the reason, per
+vLLM release in ``KNOWN_BY_VERSION`` (``KNOWN_V26`` for DEFAULT_VLLM, 0.26.0: mostly, the
+declarations follow vLLM main after PR #50622, which 0.26.0 predates; ``KNOWN_V33`` for NEWEST_VLLM,
+0.33.0, which has PR #50622 and newer behaviour; the two share the reasons of shared behaviour).
+``python -m harness vllm-drift [--vllm-version V]`` exits 1 on any other, and on a known one of
+that release that no longer occurs (so the lists cannot go stale). ``python -m harness fetch vllm
+--vllm-version V`` takes a release's sources and the probe's dependencies (``probe_deps``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mxmoe.harness.contract.backend import Declaration
+from mxmoe.harness.contract.padding import round_up
+from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM, VendorMissing, cache_dir, download_vllm_wheel
+from mxmoe.harness.upstream.selection import MOE_BACKENDS, Deployment, NoBackend, select_backend
+from mxmoe.harness.upstream.vllm_probe import PROBE_ARCHS  # noqa: F401 (the archs it checks, owned by the probe)
+from mxmoe.reference.routing import ROUTING_METHODS
+
+PROBE_DEPS = ("psutil", "pyzmq", "cbor2", "transformers", "aiohttp", "openai-harmony", "openai", "einops")
+"""vLLM's import dependencies of its MXFP4 oracle (not torch, not triton), installed into their own
+folder so that they never touch the environment under test: those of 0.26.0 (DEFAULT_VLLM)."""
+PROBE_DEPS_SINCE = {
+    # 0.33.0's oracle import path reaches the API server, the KV-transfer and structured-output
+    # modules at import (fused_moe -> _aiter_ops -> ... -> v1.request). Its grammar libraries
+    # (xgrammar, llguidance: native) are not installed: the probe stubs them (IMPORT_ONLY_STUBS).
+    NEWEST_VLLM: ("pybase64", "cachetools", "msgspec", "uvloop", "prometheus-client", "fastapi", "partial-json-parser"),
+}
+"""Dependencies a vLLM release's oracle added to PROBE_DEPS, by the first release that needs them."""
+
+
+def probe_deps(version: str = DEFAULT_VLLM) -> tuple[str, ...]:
+    """The packages ``fetch_vllm`` installs for VERSION's probe: PROBE_DEPS and those every release up to
+    VERSION added."""
+    added = [d for since, deps in PROBE_DEPS_SINCE.items() if _release(since) <= _release(version) for d in deps]
+    return PROBE_DEPS + tuple(dict.fromkeys(added))
+
+
+PROBE_ROUTING = "RenormalizeNaive"
+"""The routing vLLM derives for GPT-OSS (softmax, renormalize), as the probe configures it."""
+QUANT_KEYS = {"none": None, "mxfp8": "mxfp8", "fp8": "fp8"}
+"""The probe's activation keys, to ``harness.upstream.selection`` activation quantizations."""
+ACTIVATION_NAMES = {"swigluoai": "SWIGLUOAI", "silu": "SILU"}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One difference: what (``kind``), of which backend or string (``subject``), on which
+    architecture ("*": all), our value and vLLM's, and the reason if it is a known one."""
+
+    kind: str
+    subject: str
+    arch: str
+    ours: str
+    vllm: str
+    known: str | None = None
+    vllm_version: str = DEFAULT_VLLM
+    """The release the facts came from (whose KNOWN explains it)."""
+
+
+Key = tuple[str, str, str]
+"""(kind, subject, arch) of a known difference; arch "*" stands for every architecture."""
+
+
+def _each(kind: str, subjects: tuple[str, ...], archs: tuple[str, ...], reason: str) -> dict[Key, str]:
+    """One KNOWN entry per (subject, arch): each must keep occurring, or it is reported stale."""
+    return {(kind, s, a): reason for s in subjects for a in archs}
+
+
+_PR50622 = "vLLM PR #50622 (AITER_TRITON_MXFP4_BF16, docs/backends.md) came after 0.26.0"
+_CPU = (
+    "vLLM serves MXFP4 on a CPU with its own CPU backend (not declared here) and runs EMULATION on GPUs only "
+    "(TritonExperts._supports_current_device: CUDA, ROCm, XPU); the project's emulation runs on CPUs by design"
+)
+_SHARED: dict[Key, str] = {
+    # Behaviour 0.26.0 and 0.33.0 share (each read in both releases' sources).
+    ("w13_layout", "TRITON_UNFUSED", "*"): (
+        "vLLM keeps a GPT-OSS checkpoint's interleaved rows for TRITON_UNFUSED (only swizzled, as for TRITON) "
+        "and its interleaved activation; docs/formats.md and the declaration take the standard chunked [gate; up] path "
+        "(the same GEMMs)"
+    ),
+    ("routing_methods", "TRITON", "*"): (
+        "TRITON's preferred (monolithic) class routes inside triton_kernels, Renormalize(Naive) only: the "
+        "`triton` backend; its modular class takes any top-k: the `triton-modular` backend, which declares all"
+    ),
+    ("routing_methods", "AITER_MXFP4_BF16", "*"): (
+        "vLLM routes outside CK (any method); the adapter routes with aiter's topk_softmax as vLLM does for "
+        "softmax routing, so it declares the softmax methods only"
+    ),
+    **_each("selection", ("auto/none", "auto/mxfp8", "auto/fp8"), ("cpu",), _CPU),
+    **_each("selection", ("emulation/none", "emulation/mxfp8", "emulation/fp8"), ("cpu",), _CPU),
+}
+
+_ROCM_256_V26 = (
+    "0.26.0 rounds every remaining backend to 256/256 on ROCm; a declaration has one alignment (the CUDA "
+    "rule). Padding is zeros, so outputs agree; the padding audit understates ROCm's"
+)
+KNOWN_V26: dict[Key, str] = {
+    **_SHARED,
+    ("backends", "AITER_TRITON_MXFP4_BF16", "*"): _PR50622,
+    ("gpt_oss_priority", "auto", "*"): _PR50622 + "; 0.26.0 also lists backends not declared here",
+    ("moe_backend_strings", "aiter", "*"): _PR50622 + "; 0.26.0's 'aiter' also tries AITER_MXFP4_MXFP4",
+    ("moe_backend_strings", "aiter_triton_mxfp4_bf16", "*"): _PR50622,
+    ("selection", "auto/none", "gfx942"): _PR50622 + ": without it 0.26.0 falls to TRITON on gfx942",
+    ("selection", "aiter/none", "gfx942"): _PR50622 + ": 0.26.0's 'aiter' has no W4A16 candidate on gfx942",
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256, not 128",
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256, not 128",
+    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V26),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "0.26.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) only, the modular one routes "
+        "outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+}
+"""Understood differences from vLLM 0.26.0 (DEFAULT_VLLM): mostly, the declarations follow vLLM main
+after PR #50622 (AITER_TRITON_MXFP4_BF16), which 0.26.0 predates."""
+
+_ROCM_256_V33 = (
+    "0.33.0 rounds TRITON and TRITON_UNFUSED to 256/256 on ROCm (mxfp4_round_up_hidden_size_and_intermediate_size: "
+    "128 only for TRITON_UNFUSED with SiLU/SiTU before CDNA4, and gpt-oss's Mxfp4MoEMethod.maybe_roundup_sizes "
+    "passes no activation); a declaration has one alignment (the CUDA rule). Padding is zeros, so outputs agree; "
+    "the padding audit understates ROCm's"
+)
+_BF16_FALLBACK = (
+    "0.33.0's _filter_by_activation (fused_moe/oracle/mxfp4.py) puts the BF16-activation variants after those "
+    "matching the requested activation, so a --moe-backend family with no such variant runs W4A16 (with "
+    "_warn_on_bf16_fallback's warning); 0.26.0 kept matching variants only, and harness.upstream.selection, following "
+    "it, refuses: the selection model is out of date for 0.33.0"
+)
+_SM12X_TRITON = (
+    "0.33.0 runs the OAI Triton kernels on SM12x too (experts/gpt_oss_triton_kernels_moe.py, "
+    "_triton_kernel_moe_supports_current_device: (9, 0) <= cap < (13, 0); 0.26.0 stopped below 11.0); the "
+    "triton and triton-unfused declarations list sm90/sm100 only: out of date for 0.33.0"
+)
+KNOWN_V33: dict[Key, str] = {
+    **_SHARED,
+    ("gpt_oss_priority", "auto", "*"): (
+        "0.33.0's _get_priority_backends_for_gpt_oss moves TRITON after MARLIN and BATCHED_MARLIN on SM12x "
+        "(is_device_capability_family(120): small-tile Triton, MARLIN prefills faster); harness.upstream.selection has "
+        "one order for every arch (and no TRITON on sm120, see selection triton/none). Elsewhere the declared "
+        "backends are in vLLM's order; 0.33.0 also lists backends not declared here"
+    ),
+    ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
+        "0.33.0's AiterW4A16ExpertsMonolithic._supports_routing_method (experts/aiter_mxfp4_w4a16_moe.py) also "
+        "takes DeepSeekV3 (aiter routing with score_mode='sigmoid' and the correction bias, for MiMo-V2.6) and "
+        "DeepseekV4; the declaration and adapter follow PR #50622, Renormalize(Naive) only"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "0.33.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) and DeepSeekV3, the modular one "
+        "routes outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
+    **_each("selection", ("marlin/fp8", "marlin/mxfp8"), ("sm80", "sm90", "sm100", "sm120"), _BF16_FALLBACK),
+    **_each("selection", ("flashinfer_cutlass/fp8", "flashinfer_cutlass/mxfp8"), ("sm90",), _BF16_FALLBACK),
+    **_each("selection", ("flashinfer_trtllm/fp8",), ("sm100",), _BF16_FALLBACK),
+    **_each(
+        "selection",
+        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
+        ("sm90", "sm100", "gfx942", "gfx950"),
+        _BF16_FALLBACK,
+    ),
+    **_each("selection", ("aiter/fp8", "aiter/mxfp8"), ("gfx942",), _BF16_FALLBACK),
+    **_each("selection", ("aiter/mxfp8",), ("gfx950",), _BF16_FALLBACK),
+    **_each(
+        "selection",
+        ("aiter_triton_mxfp4_bf16/fp8", "aiter_triton_mxfp4_bf16/mxfp8"),
+        ("gfx942", "gfx950"),
+        _BF16_FALLBACK,
+    ),
+    **_each("selection", ("triton/none", "triton_unfused/none"), ("sm120",), _SM12X_TRITON),
+    **_each(
+        "selection",
+        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
+        ("sm120",),
+        _SM12X_TRITON + "; and " + _BF16_FALLBACK,
+    ),
+}
+"""Understood differences from vLLM 0.33.0 (NEWEST_VLLM). PR #50622 is in it (AITER_TRITON_MXFP4_BF16,
+the 'aiter_triton_mxfp4_bf16' string, its place in the gpt-oss priority and in 'aiter'), so none of
+0.26.0's PR #50622 entries applies; what is left is newer behaviour: BF16 fallback, SM12x Triton,
+routing methods, ROCm round-ups."""
+
+KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {DEFAULT_VLLM: KNOWN_V26, NEWEST_VLLM: KNOWN_V33}
+"""The understood differences of each vLLM release the drift check knows."""
+KNOWN = KNOWN_BY_VERSION[DEFAULT_VLLM]
+"""Those of DEFAULT_VLLM, the release ``python -m harness fetch vllm`` takes."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.33.0+cu130"`` -> (0, 33, 0); parts that are not numbers end it."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+def known_for(version: str = DEFAULT_VLLM) -> dict[Key, str]:
+    """KNOWN for VERSION: its own entries, or else those of the newest release listed before it
+    (a newer vLLM is checked against the last reasons, and their staleness shows what changed)."""
+    by_release = {_release(v): known for v, known in KNOWN_BY_VERSION.items()}
+    want = _release(version)
+    if want in by_release:
+        return by_release[want]
+    older = [r for r in by_release if r < want]
+    return by_release[max(older)] if older else by_release[min(by_release)]
+
+
+def vllm_root(version: str = DEFAULT_VLLM) -> Path:
+    """The folder holding vLLM's extracted Python sources (``vllm/``)."""
+    return cache_dir() / "vendor" / f"vllm-{version}"
+
+
+def deps_root(version: str = DEFAULT_VLLM) -> Path:
+    """The folder holding the probe's pure-Python dependencies (``pip install --target``)."""
+    return cache_dir() / "vendor" / f"vllm-{version}-deps"
+
+
+def fetch_vllm(version: str = DEFAULT_VLLM, wheel: Path | None = None) -> Path:
+    """Extract vLLM's Python sources (no compiled extension) from its wheel into the cache and
+    install the probe's dependencies (``probe_deps(version)``) beside them; the sources' folder.
+    The sources are put in place last, so that a failed install leaves the release unfetched."""
+    import shutil
+
+    wheel = wheel or download_vllm_wheel(version)
+    root = vllm_root(version)
+    tmp = root.with_name(root.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.startswith("vllm/") and not n.endswith((".so", "/"))]
+        if "vllm/__init__.py" not in names:
+            raise VendorMissing(f"{wheel} is not a vLLM wheel (no vllm/__init__.py)")
+        z.extractall(tmp, names)
+    deps = deps_root(version)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(deps), "--upgrade", *probe_deps(version)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise VendorMissing(f"`{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    if root.exists():
+        shutil.rmtree(root)
+    tmp.rename(root)
+    return root
+
+
+def probe(arch: str, version: str = DEFAULT_VLLM, timeout: float = 300.0) -> dict:
+    """vLLM's facts on ``arch`` (see ``harness.upstream.vllm_probe``), from a subprocess: the fake
+    platform and vLLM's imports never reach this process."""
+    root, deps = vllm_root(version), deps_root(version)
+    if not (root / "vllm" / "__init__.py").is_file():
+        raise VendorMissing(
+            f"no vLLM {version} sources at {root}; run `python -m harness fetch vllm --vllm-version {version}`"
+        )
+    boot = (
+        "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); sys.path.append(sys.argv.pop(1)); "
+        "runpy.run_module('mxmoe.harness.upstream.vllm_probe', run_name='__main__', alter_sys=True)"
+    )
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-c", boot, str(root), str(deps), "--arch", arch]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the vLLM probe for {arch} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ours_round_up(d: Declaration, h: int, i: int) -> tuple[int, int]:
+    return round_up(h, d.hidden_align), round_up(i, d.intermediate_align)
+
+
+def _selection_ours(arch: str, moe_backend: str, quant: str | None, declarations: list[Declaration]) -> str:
+    try:
+        dep = Deployment(arch=arch, activation_quant=quant, routing=PROBE_ROUTING, moe_backend=moe_backend)
+        return select_backend(dep, declarations).chosen.vllm_backend or "?"
+    except NoBackend:
+        return "error"
+
+
+def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
+    """Every difference between one arch's vLLM facts and the declarations."""
+    arch = facts["arch"]
+    version = str(facts.get("vllm_version") or DEFAULT_VLLM)
+    ours = {d.vllm_backend: d for d in declarations if d.vllm_backend}
+    members = set(facts.get("backends", []))
+    out: list[Drift] = []
+    for name in sorted(set(ours) - members):
+        out.append(Drift("backends", name, "*", "declared", "absent"))
+    strings = facts.get("moe_backend_strings", {})
+    for s, ours_list in MOE_BACKENDS.items():
+        if s == "auto":
+            theirs_all = facts.get("gpt_oss_priority", [])
+        elif s not in strings:
+            out.append(Drift("moe_backend_strings", s, "*", ",".join(ours_list), "absent"))
+            continue
+        else:
+            theirs_all = strings[s]
+        if list(ours_list) != [m for m in theirs_all if m in ours]:
+            kind = "gpt_oss_priority" if s == "auto" else "moe_backend_strings"
+            out.append(Drift(kind, s, "*", ",".join(ours_list), ",".join(theirs_all)))
+    for name, d in sorted(ours.items()):
+        if name not in members:
+            continue
+        rounded = facts.get("round_up", {}).get(name, {})
+        if arch in d.archs:
+            mine, theirs = [], []
+            for key, val in rounded.items():
+                h, i = (int(v) for v in key.split("x"))
+                got = _ours_round_up(d, h, i)
+                if isinstance(val, str) or list(got) != list(val):
+                    mine.append(f"{key}->{got[0]}x{got[1]}")
+                    theirs.append(f"{key}->{val if isinstance(val, str) else f'{val[0]}x{val[1]}'}")
+            if mine:
+                out.append(Drift("round_up", name, arch, "; ".join(mine), "; ".join(theirs)))
+        sup = facts.get("supports", {}).get(name, {})
+        if isinstance(sup.get("activations"), list):
+            theirs = sorted(a for a, v in ACTIVATION_NAMES.items() if v in sup["activations"])
+            if theirs != sorted(d.activations):
+                out.append(Drift("activations", name, "*", ",".join(sorted(d.activations)), ",".join(theirs)))
+        names = facts.get("routing_method_names")
+        if isinstance(sup.get("routing_methods"), list) and isinstance(names, list):
+            theirs = sorted(r for r in ROUTING_METHODS if r in sup["routing_methods"])
+            if theirs != sorted(r for r in d.routing_methods if r in names):  # only methods vLLM has
+                out.append(Drift("routing_methods", name, "*", ",".join(sorted(d.routing_methods)), ",".join(theirs)))
+        layout = facts.get("w13_layout", {}).get(name)
+        if isinstance(layout, str) and not layout.startswith("unknown") and layout != d.w13_layout:
+            out.append(Drift("w13_layout", name, "*", d.w13_layout, layout))
+    for s, by_key in sorted(facts.get("selection", {}).items()):
+        if s not in MOE_BACKENDS:
+            continue
+        for key, theirs in sorted(by_key.items()):
+            if key not in QUANT_KEYS:
+                continue
+            mine = _selection_ours(arch, s, QUANT_KEYS[key], declarations)
+            theirs_name = "error" if str(theirs).startswith("error") else str(theirs)
+            if mine != theirs_name:
+                out.append(Drift("selection", f"{s}/{key}", arch, mine, theirs_name))
+    return [Drift(**{**asdict(d), "vllm_version": version}) for d in out]
+
+
+def mark_known(drifts: list[Drift]) -> list[Drift]:
+    """``drifts`` with the reason of each known one filled in, from the KNOWN of the release each came from."""
+    marked = []
+    for d in drifts:
+        known = known_for(d.vllm_version)
+        reason = known.get((d.kind, d.subject, d.arch)) or known.get((d.kind, d.subject, "*"))
+        marked.append(Drift(**{**asdict(d), "known": reason}))
+    return marked
+
+
+def unique(drifts: list[Drift]) -> list[Drift]:
+    """One row per (kind, subject, arch, ours, vllm): arch-independent facts repeat per probe."""
+    seen, out = set(), []
+    for d in drifts:
+        key = (d.kind, d.subject, d.arch, d.ours, d.vllm, d.vllm_version)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def stale_known(drifts: list[Drift], version: str | None = None) -> list[Key]:
+    """Entries of the release's KNOWN that no longer match any drift. The release is VERSION, else the
+    one the drifts came from (DEFAULT_VLLM when there are none: pass VERSION then)."""
+    versions = {version} if version else {d.vllm_version for d in drifts} or {DEFAULT_VLLM}
+    stale: list[Key] = []
+    for v in sorted(versions, key=_release):
+        mine = [d for d in drifts if d.vllm_version == v] if not version else drifts
+        hit = {(d.kind, d.subject, d.arch) for d in mine} | {(d.kind, d.subject, "*") for d in mine}
+        stale += [k for k in known_for(v) if k not in hit and k not in stale]
+    return stale
