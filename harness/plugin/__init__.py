@@ -84,7 +84,17 @@ def shard_of(test_id: str, count: int) -> int:
     return int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:8], "little") % count
 
 
+def _seconds_long(item: pytest.Item) -> float:
+    """The seconds a ``long`` test is marked with (0 for the rest)."""
+    mark = item.get_closest_marker("long")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The tests marked ``long`` first, longest first: parallel workers then each start on one and
+    # fill in with short tests, instead of one worker starting a several-minute test at the end
+    # (with ``pytest_configure``'s small scheduling chunks). The rest keep their order.
+    items.sort(key=lambda item: -_seconds_long(item))
     shard = config.getoption("--shard")
     if shard is None:
         return
@@ -145,6 +155,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     use_triton_interpreter_without_gpu()  # before any test module imports triton
     settings.load_profile(config.getoption("--profile"))
+    config.addinivalue_line(
+        "markers", "long(seconds): runs for minutes on a 2-core CPU (about SECONDS); started first under xdist"
+    )
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        # xdist hands each worker a quarter of its share at once by default, in collection order;
+        # small chunks let the long tests above go to different workers.
+        config.option.maxschedchunk = 2
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
         from mxmoe.harness.contract.platforms import pin_gpu

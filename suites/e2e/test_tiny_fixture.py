@@ -39,6 +39,7 @@ def test_the_synthetic_task_is_in_gpqa_columns_and_holds_out_its_test_split():
     assert len(orders) > 1 and task.choice_order(rows[0]["Record ID"], 3) == task.choice_order(rows[0]["Record ID"], 3)
 
 
+@pytest.mark.long(45)
 def test_the_script_writes_a_real_format_checkpoint(tmp_path):
     """Three steps of the same script (seconds): the files, and a checkpoint that loads."""
     assert main(["make-tiny", "--out", str(tmp_path), "--steps", "3", "--qat-steps", "1"]) == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mxmoe.harness.cli.app import main
 from mxmoe.harness.instruments.faults import MUTANTS, Mutant
 from mxmoe.harness.instruments.honest import HONEST
@@ -30,6 +32,7 @@ def test_the_catalogue_has_every_fault_of_the_issue():
 
 
 
+@pytest.mark.long(230)
 def test_the_matrix(tmp_path):
     """One run of ``python -m harness mutants`` (about two minutes on a 2-core CPU; one test, so
     that xdist does not run it once per worker), checked point by point."""

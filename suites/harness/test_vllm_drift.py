@@ -102,6 +102,7 @@ def test_each_release_has_its_own_known_differences():
     "version",
     [pytest.param(v, marks=pytest.mark.skipif(not _fetched(v), reason=_not_fetched(v))) for v in CHECKED_VLLM],
 )
+@pytest.mark.long(110)
 def test_vllm_oracle_differs_from_the_declarations_only_as_known(tmp_path, version):
     """vLLM itself, under sm80 ... gfx950 and cpu: no unexplained difference, no stale one."""
     out = tmp_path / "drift.json"

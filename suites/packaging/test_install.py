@@ -76,6 +76,7 @@ def test_import_from_an_install(installed: Path, tmp_path: Path):
         assert line.startswith(str(installed / "mxmoe")), f"{line} is not inside the install {installed}"
 
 
+@pytest.mark.long(460)
 def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path, profile: str):
     """The whole main job from an install, ending with the report built from the package's own
     policy and page template. On a CPU only the harness's own backends run, so the verdict is NO
