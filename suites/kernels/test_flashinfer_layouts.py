@@ -291,7 +291,7 @@ def test_dev_test_prefetches_the_release_these_tests_read():
     dev = (ROOT / "dev").read_text()
     prefetch = dev[dev.index("prefetch() {"):]
     prefetch = prefetch[: prefetch.index("\n}\n")]
-    assert '"flashinfer"' in prefetch and "harness fetch $what --if-missing" in prefetch
+    assert "fetch_one flashinfer" in prefetch and 'harness fetch "$@" --if-missing' in dev
     args = build_parser().parse_args(["fetch", "flashinfer"])
     assert flashinfer_root(args.flashinfer_version) == NEWEST_DIR
 
