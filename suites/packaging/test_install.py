@@ -42,22 +42,21 @@ def test_design_folders_are_not_regular_top_level_packages():
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project built as a wheel and installed (without dependencies) into a fresh folder."""
+    """The project built as a wheel and installed (without dependencies) into a fresh folder. The
+    wheel is built from a private copy of the sources: setuptools writes build/ and *.egg-info into
+    the tree it builds, and two xdist workers building the one checkout at once break each other."""
+    import shutil
+
     target = tmp_path_factory.mktemp("site")
     wheels = tmp_path_factory.mktemp("wheels")
-    build = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "--no-build-isolation",
-        "-q",
-        "-w",
-        str(wheels),
-        str(ROOT),
-    ]
-    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    source = tmp_path_factory.mktemp("source") / "mxmoe"
+    skip = shutil.ignore_patterns(".git", ".venv", ".cache", "build", "dist", "results", "*.egg-info", "__pycache__",
+                                  ".pytest_cache", ".hypothesis", ".ruff_cache")  # fmt: skip
+    shutil.copytree(ROOT, source, ignore=skip, symlinks=True)
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+             str(source)]  # fmt: skip
+    proc = subprocess.run(build, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(build)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     (wheel,) = wheels.glob("mxfp4_moe_harness-*.whl")
     install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
