@@ -7,6 +7,7 @@ the project's folders are installed only as ``mxmoe.*`` and are namespace folder
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -99,6 +100,13 @@ def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path, profile
                                             "model check", "GPQA"]  # fmt: skip
     if host_arch() == "cpu":
         assert all(st["status"] == "ran" for st in steps), steps
+        # the catalogue's matrix, point by point, on this run (suites/harness/test_mutants.py runs it
+        # on its own elsewhere)
+        spec = importlib.util.spec_from_file_location("catalogue_matrix", ROOT / "suites/harness/catalogue_matrix.py")
+        matrix = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(matrix)
+        rc = next(st["exit_status"] for st in steps if st["name"] == "fault catalogue")
+        matrix.check_matrix(tmp_path / "results" / "mutants.json", rc)
         assert report["verdict"] == "NO PRODUCTION KERNEL JUDGED", out[-3000:]
         assert "verdict: NO PRODUCTION KERNEL JUDGED" in out
         assert "production kernels judged: cpu: 0 (none)" in out
