@@ -19,7 +19,7 @@ def _cmd_vllm_drift(args: argparse.Namespace) -> int:
     from mxmoe.harness.upstream import vllm_drift as vd
     from mxmoe.harness.upstream.fetch import VendorMissing
 
-    if not (vd.vllm_root(args.vllm_version) / "vllm" / "__init__.py").is_file():
+    if not vd.vllm_fetched(args.vllm_version):
         # The drift check fetches what it reads (once; cached), so no set-up has to.
         print(f"vllm-drift: fetching vLLM {args.vllm_version}'s Python sources into the cache", file=sys.stderr)
         try:

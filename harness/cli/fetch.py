@@ -15,11 +15,12 @@ from mxmoe.harness.cli.args import UsageError
 def _fetched(args: argparse.Namespace) -> Path | None:
     """Where ``args.what`` already is in the cache, or None."""
     from mxmoe.harness.upstream.fetch import flashinfer_root, triton_kernels_root
-    from mxmoe.harness.upstream.vllm_drift import vllm_root
+    from mxmoe.harness.upstream.vllm_drift import vllm_fetched, vllm_root
 
+    if args.what == "vllm":
+        return vllm_root(args.vllm_version) if vllm_fetched(args.vllm_version) else None
     where, marker = {
         "triton-kernels": (triton_kernels_root(args.vllm_version), "triton_kernels/__init__.py"),
-        "vllm": (vllm_root(args.vllm_version), "vllm/__init__.py"),
         "flashinfer": (flashinfer_root(args.flashinfer_version), "flashinfer/__init__.py"),
     }[args.what]
     return where if (where / marker).is_file() else None

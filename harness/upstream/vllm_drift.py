@@ -237,6 +237,12 @@ def vllm_root(version: str = DEFAULT_VLLM) -> Path:
     return cache_dir() / "vendor" / f"vllm-{version}"
 
 
+def vllm_fetched(version: str = DEFAULT_VLLM) -> bool:
+    """Whether ``fetch_vllm(version)`` has put both the sources and the probe's dependencies in the
+    cache (the probe needs both)."""
+    return (vllm_root(version) / "vllm" / "__init__.py").is_file() and deps_root(version).is_dir()
+
+
 def deps_root(version: str = DEFAULT_VLLM) -> Path:
     """The folder holding the probe's pure-Python dependencies (``pip install --target``)."""
     return cache_dir() / "vendor" / f"vllm-{version}-deps"

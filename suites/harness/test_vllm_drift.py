@@ -25,7 +25,7 @@ CHECKED_VLLM = (DEFAULT_VLLM, NEWEST_VLLM)
 
 
 def _fetched(version: str) -> bool:
-    return (vd.vllm_root(version) / "vllm" / "__init__.py").is_file() and vd.deps_root(version).is_dir()
+    return vd.vllm_fetched(version)
 
 
 def _not_fetched(version: str) -> str:
