@@ -35,7 +35,9 @@ class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
     storage = (storage.swizzle_128x4(view_fp8=False),)
     declaration = Declaration(
         id="flashinfer-cutlass-mxfp4-mxfp8",
-        archs=("sm100", "sm120"),  # vLLM: SM10x and SM12x (found by `vllm-drift`; docs/backends.md)
+        # vLLM 0.33.0 FlashInferExperts: _supports_current_device (SM90, SM10x, SM12x) and
+        # _supports_quant_scheme (MXFP4 x MXFP8 from has_device_capability(100)): SM10x and SM12x
+        archs=("sm100", "sm120"),
         description="FlashInfer CUTLASS fused MoE, MXFP8 activations",
         quant="w4a8-mxfp8",
         w13_layout="chunked_up_gate",

@@ -250,6 +250,8 @@ def _triton_declaration(
 ) -> Declaration:
     return Declaration(
         id=ident,
+        # Not sm120: vLLM 0.33.0 runs these kernels on SM12x too (_triton_kernel_moe_supports_current_device),
+        # but with settings only SM12x gets (_swizzle_mxfp4, _constrain_sm12x_block_m) that this adapter lacks.
         archs=_ARCHS,
         description=description,
         quant="w4a16",

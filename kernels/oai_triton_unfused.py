@@ -45,7 +45,7 @@ class OaiTritonUnfused(OaiTritonBase):
     routes_in_kernel = False
     declaration = Declaration(
         id="triton-unfused",
-        archs=("sm90", "sm100", "gfx942", "gfx950"),
+        archs=("sm90", "sm100", "gfx942", "gfx950"),  # not sm120: as TRITON (kernels/oai_triton.py)
         description="OpenAI triton_kernels matmul_ogs, activation in a separate kernel",
         quant="w4a16",
         w13_layout="chunked_gate_up",

@@ -17,7 +17,7 @@ def _cmd_vllm_drift(args: argparse.Namespace) -> int:
     from mxmoe.harness.contract.platforms import host_fingerprint
     from mxmoe.harness.run.registry import discover
     from mxmoe.harness.upstream import vllm_drift as vd
-    from mxmoe.harness.upstream.fetch import VendorMissing
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
 
     if not vd.vllm_fetched(args.vllm_version):
         # The drift check fetches what it reads (once; cached), so no set-up has to.
@@ -38,9 +38,12 @@ def _cmd_vllm_drift(args: argparse.Namespace) -> int:
             return 2
         drifts += vd.compare(facts[arch], declarations)
     rows = vd.mark_known(vd.unique(drifts))
-    stale = vd.stale_known(rows) if not args.arch else []
+    stale = vd.stale_known(rows, args.vllm_version) if not args.arch else []
     version = next(iter(facts.values())).get("vllm_version", "?") if facts else "?"
-    print(f"vLLM {version} (its own oracle, fake platforms) against this project's declarations\n")
+    print(
+        f"vLLM {version} (its own oracle, fake platforms) against this project's declarations "
+        f"(which follow vLLM {NEWEST_VLLM})\n"
+    )
     table = [(d.kind, d.subject, d.arch, d.ours, d.vllm, d.known or "UNEXPLAINED") for d in rows]
     print(format_table(("what", "of", "arch", "ours", "vLLM", "known"), table))
     for key in stale:
@@ -57,11 +60,16 @@ def _cmd_vllm_drift(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``vllm-drift`` to ``python -m harness``."""
-    from mxmoe.harness.upstream.fetch import DEFAULT_VLLM
+    from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
     from mxmoe.harness.upstream.vllm_drift import PROBE_ARCHS
 
     p = sub.add_parser("vllm-drift", help="run vLLM's own MXFP4 oracle (fake platforms) against the declarations")
     p.add_argument("--arch", action="append", choices=PROBE_ARCHS, help="(repeatable; default all)")
-    p.add_argument("--vllm-version", default=DEFAULT_VLLM, help="the fetched vLLM release (default %(default)s)")
+    p.add_argument(
+        "--vllm-version",
+        default=NEWEST_VLLM,
+        help=f"the vLLM release to check, fetched if missing (default %(default)s, the one the declarations follow; "
+        f"{DEFAULT_VLLM} is checked too)",
+    )
     p.add_argument("--json", default="results/vllm-drift.json", help="where it is recorded (default %(default)s)")
     p.set_defaults(fn=_cmd_vllm_drift, parser=p)

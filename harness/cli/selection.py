@@ -1,5 +1,5 @@
 """``python -m harness select``: which MXFP4 MoE backend vLLM's oracle picks for a deployment, and why
-not the others (``harness.upstream.selection``)."""
+not the others (``harness.upstream.selection``, which follows the vLLM release NEWEST_VLLM)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from mxmoe.harness.cli.tables import format_table
 
 def _cmd_select(args: argparse.Namespace) -> int:
     from mxmoe.harness.run.registry import discover
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
     from mxmoe.harness.upstream.selection import Deployment, NoBackend, describe, select_backend
 
     try:
@@ -26,6 +27,7 @@ def _cmd_select(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     decls = [item.backend.declaration for item in discover()]
+    print(f"follows vLLM {NEWEST_VLLM}'s MXFP4 oracle")
     print(describe(dep))
     try:
         sel = select_backend(dep, decls)
@@ -39,17 +41,25 @@ def _cmd_select(args: argparse.Namespace) -> int:
     ]
     print(format_table(("candidate (in order)", "module", "verdict"), table))
     print(f"\nchosen: {sel.chosen.vllm_backend} ({sel.chosen.id})")
+    if sel.bf16_fallback:
+        print(
+            f"warning: no backend takes {dep.activation_quant} activations here; {sel.chosen.vllm_backend} runs with "
+            "bf16 activations (vLLM warns the same)"
+        )
     return 0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``select`` to ``python -m harness``."""
     from mxmoe.harness.cli.args import arch, positive
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
     from mxmoe.harness.upstream.selection import ACTIVATION_QUANTS, MOE_BACKENDS
     from mxmoe.reference.activation import ACTIVATIONS
     from mxmoe.reference.routing import ROUTING_METHODS
 
-    p = sub.add_parser("select", help="which MXFP4 MoE backend vLLM's oracle picks, and why not the others")
+    p = sub.add_parser(
+        "select", help=f"which MXFP4 MoE backend vLLM {NEWEST_VLLM}'s oracle picks, and why not the others"
+    )
     p.add_argument("--arch", type=arch, required=True, help="the architecture, e.g. sm90, sm100, gfx942, gfx950")
     p.add_argument("--activation", choices=ACTIVATIONS, default="swigluoai", help="(default swigluoai)")
     p.add_argument(

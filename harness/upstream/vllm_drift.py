@@ -11,16 +11,20 @@ loaded) are imported in a subprocess that pretends to be each architecture
   declared alignments, on gpt-oss, DeepSeek and CI-size shapes;
 * ``selection``: vLLM's choice for ``auto`` and every ``--moe-backend`` string both know, with
   no, MXFP8 and FP8 activation quantization, against ``harness.upstream.selection``;
-* ``backends`` and ``moe_backend_strings``: the enum members and strings each side has;
+* ``backends``, ``gpt_oss_priority`` and ``moe_backend_strings``: the enum members, the ``auto``
+  order on each architecture and the strings each side has;
 * ``activations``, ``routing_methods`` and ``w13_layout`` of each backend's kernel classes and
   weight conversion.
 
-Every difference is a ``Drift``. Differences that are understood are listed, with the reason, per
-vLLM release in ``KNOWN_BY_VERSION`` (``KNOWN_V26`` for DEFAULT_VLLM, 0.26.0: mostly, the
-declarations follow vLLM main after PR #50622, which 0.26.0 predates; ``KNOWN_V33`` for NEWEST_VLLM,
-0.33.0, which has PR #50622 and newer behaviour; the two share the reasons of shared behaviour).
-``python -m harness vllm-drift [--vllm-version V]`` exits 1 on any other, and on a known one of
-that release that no longer occurs (so the lists cannot go stale). ``python -m harness fetch vllm
+The declarations and the selection follow NEWEST_VLLM, 0.33.0; DEFAULT_VLLM, 0.26.0 (the release
+whose vendored triton_kernels the Triton backends run), is checked as well. Every difference is a
+``Drift``. Differences that are understood are listed, with the reason, per vLLM release in
+``KNOWN_BY_VERSION``: ``KNOWN_V33`` holds only limitations (what the adapters do not implement, what
+a declaration cannot say, the project's own choices), ``KNOWN_V26`` those limitations too and where
+0.26.0 is older than the declarations (no PR #50622, no bf16 fallback, one ``auto`` order, the
+TRT-LLM round-up). ``python -m harness vllm-drift [--vllm-version V]`` (default NEWEST_VLLM) exits 1
+on any other, and on a known one of that release that no longer occurs (so the lists cannot go
+stale). ``python -m harness fetch vllm
 --vllm-version V`` takes a release's sources and the probe's dependencies (``probe_deps``).
 """
 
@@ -37,8 +41,15 @@ from pathlib import Path
 from mxmoe.harness.contract.backend import Declaration
 from mxmoe.harness.contract.padding import round_up
 from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM, VendorMissing, cache_dir, download_vllm_wheel
-from mxmoe.harness.upstream.selection import MOE_BACKENDS, Deployment, NoBackend, select_backend
-from mxmoe.harness.upstream.vllm_probe import PROBE_ARCHS  # noqa: F401 (the archs it checks, owned by the probe)
+from mxmoe.harness.upstream.selection import (
+    GPT_OSS_PRIORITY,
+    MOE_BACKENDS,
+    Deployment,
+    NoBackend,
+    gpt_oss_priority,
+    select_backend,
+)
+from mxmoe.harness.upstream.vllm_probe import PROBE_ARCHS  # the archs it checks, owned by the probe
 from mxmoe.reference.routing import ROUTING_METHODS
 
 PROBE_DEPS = ("psutil", "pyzmq", "cbor2", "transformers", "aiohttp", "openai-harmony", "openai", "einops")
@@ -78,7 +89,7 @@ class Drift:
     ours: str
     vllm: str
     known: str | None = None
-    vllm_version: str = DEFAULT_VLLM
+    vllm_version: str = NEWEST_VLLM
     """The release the facts came from (whose KNOWN explains it)."""
 
 
@@ -91,124 +102,141 @@ def _each(kind: str, subjects: tuple[str, ...], archs: tuple[str, ...], reason: 
     return {(kind, s, a): reason for s in subjects for a in archs}
 
 
-_PR50622 = "vLLM PR #50622 (AITER_TRITON_MXFP4_BF16, docs/backends.md) came after 0.26.0"
+# Limitations the project keeps on purpose or cannot lift from the declarations alone, in both
+# releases (each read in both releases' sources).
 _CPU = (
-    "vLLM serves MXFP4 on a CPU with its own CPU backend (not declared here) and runs EMULATION on GPUs only "
-    "(TritonExperts._supports_current_device: CUDA, ROCm, XPU); the project's emulation runs on CPUs by design"
+    "On a CPU vLLM serves MXFP4 with its own CPU backend, which is not declared here, and runs EMULATION on GPUs "
+    "only (TritonExperts._supports_current_device: CUDA, ROCm, XPU). The project's EMULATION runs on a CPU on "
+    "purpose: it is how the harness checks itself without a GPU"
 )
 _SHARED: dict[Key, str] = {
-    # Behaviour 0.26.0 and 0.33.0 share (each read in both releases' sources).
     ("w13_layout", "TRITON_UNFUSED", "*"): (
-        "vLLM keeps a GPT-OSS checkpoint's interleaved rows for TRITON_UNFUSED (only swizzled, as for TRITON) "
-        "and its interleaved activation; docs/formats.md and the declaration take the standard chunked [gate; up] path "
-        "(the same GEMMs)"
+        "vLLM gives TRITON_UNFUSED a GPT-OSS checkpoint's gate and up rows still interleaved (only swizzled, as for "
+        "TRITON) and an activation that reads them so. The project runs the same two GEMMs on rows chunked "
+        "[gate; up] with the standard activation (docs/formats.md): a deliberate choice, the arithmetic is the same"
     ),
     ("routing_methods", "TRITON", "*"): (
-        "TRITON's preferred (monolithic) class routes inside triton_kernels, Renormalize(Naive) only: the "
-        "`triton` backend; its modular class takes any top-k: the `triton-modular` backend, which declares all"
+        "vLLM's TRITON has two kernel classes: the preferred one routes inside triton_kernels (Renormalize and "
+        "RenormalizeNaive only), the other takes the top-k from vLLM's router (any method). The project tests them "
+        "as two backends: `triton` (this declaration) and `triton-modular`, which declares every method"
     ),
     ("routing_methods", "AITER_MXFP4_BF16", "*"): (
-        "vLLM routes outside CK (any method); the adapter routes with aiter's topk_softmax as vLLM does for "
-        "softmax routing, so it declares the softmax methods only"
+        "vLLM routes before it calls AITER's CK MoE, so any method reaches the kernel. The adapter routes with "
+        "aiter's topk_softmax, as vLLM does for softmax routing, and implements no other router: it declares the "
+        "softmax methods only"
     ),
     **_each("selection", ("auto/none", "auto/mxfp8", "auto/fp8"), ("cpu",), _CPU),
     **_each("selection", ("emulation/none", "emulation/mxfp8", "emulation/fp8"), ("cpu",), _CPU),
 }
 
+_ROCM_256_V33 = (
+    "On ROCm vLLM 0.33.0 pads TRITON and TRITON_UNFUSED to multiples of 256 "
+    "(mxfp4_round_up_hidden_size_and_intermediate_size: 128 only for TRITON_UNFUSED with SiLU or SiTU before CDNA4, "
+    "and gpt-oss's Mxfp4MoEMethod.maybe_roundup_sizes passes no activation). A declaration has one pair of "
+    "alignments for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; "
+    "only the padding audit shows less padding than ROCm has"
+)
+_SM12X_TRITON = (
+    "vLLM 0.33.0 also runs the OpenAI Triton kernels on SM12x (_triton_kernel_moe_supports_current_device: "
+    "9.0 <= capability < 13.0), with settings only SM12x gets, to fit its 99 KB of shared memory: the persistent "
+    "kernel with epilogue_subtile=1 (mxfp4_utils._swizzle_mxfp4) and block_m at most 32 before every matmul "
+    "(_constrain_sm12x_block_m). The project's TRITON and TRITON_UNFUSED adapters (kernels/oai_triton.py) do not "
+    "apply them, so the declarations do not claim sm120, and `select` refuses these strings there. `auto` agrees: "
+    "on SM12x vLLM puts TRITON after MARLIN, and so does harness.upstream.selection.gpt_oss_priority"
+)
+KNOWN_V33: dict[Key, str] = {
+    **_SHARED,
+    ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
+        "vLLM 0.33.0 also serves DeepSeekV3 routing with this kernel (AiterW4A16ExpertsMonolithic."
+        "_supports_routing_method: aiter's routing with score_mode='sigmoid' and the correction bias, for MiMo-V2.6), "
+        "and DeepseekV4, which is not a harness routing method. The adapter (kernels/aiter_common.py) routes with "
+        "aiter's softmax routing only, so the declaration keeps Renormalize(Naive): claiming DeepSeekV3 would judge "
+        "the kernel on routing it was not given. `select --routing DeepSeekV3` on ROCm refuses where vLLM picks it"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "vLLM 0.33.0 has two TRT-LLM kernel classes: the preferred one routes inside FlashInfer (Renormalize, "
+        "RenormalizeNaive, DeepSeekV3), the other takes the top-k from vLLM's router (any method). The adapter calls "
+        "FlashInfer's in-kernel routing only, so the declaration lists what that routing implements; MiniMax2, "
+        "Sigmoid and SigmoidRenorm, which vLLM serves through the other class, are not tested"
+    ),
+    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
+    **_each("selection", ("triton/none", "triton/mxfp8", "triton/fp8"), ("sm120",), _SM12X_TRITON),
+    **_each(
+        "selection", ("triton_unfused/none", "triton_unfused/mxfp8", "triton_unfused/fp8"), ("sm120",), _SM12X_TRITON
+    ),
+}
+"""Understood differences from vLLM 0.33.0 (NEWEST_VLLM), the release the declarations and
+``harness.upstream.selection`` follow: only limitations, each with why it stays (the adapters do not
+implement a routing or an architecture vLLM has, a declaration has one alignment, the project's own
+choices)."""
+
+_PR50622 = (
+    "vLLM 0.26.0 predates PR #50622, which added AITER_TRITON_MXFP4_BF16 (AITER's Triton W4A16 kernel): its enum "
+    "member, the 'aiter_triton_mxfp4_bf16' string, its place in the GPT-OSS priority and in 'aiter'. The "
+    "declarations follow 0.33.0, which has it"
+)
+_NO_FALLBACK_V26 = (
+    "vLLM 0.26.0's _filter_by_activation keeps only the variants of the asked-for activation quantization (and "
+    "EMULATION), so a --moe-backend family with none of that scheme fails. 0.33.0, which the selection follows, "
+    "then runs the family's bf16 variant (with _warn_on_bf16_fallback's warning)"
+)
 _ROCM_256_V26 = (
-    "0.26.0 rounds every remaining backend to 256/256 on ROCm; a declaration has one alignment (the CUDA "
-    "rule). Padding is zeros, so outputs agree; the padding audit understates ROCm's"
+    "On ROCm vLLM 0.26.0 pads TRITON and TRITON_UNFUSED to multiples of 256 "
+    "(mxfp4_round_up_hidden_size_and_intermediate_size), as 0.33.0 does: a declaration has one pair of alignments "
+    "for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; only the "
+    "padding audit shows less padding than ROCm has"
 )
 KNOWN_V26: dict[Key, str] = {
     **_SHARED,
     ("backends", "AITER_TRITON_MXFP4_BF16", "*"): _PR50622,
-    ("gpt_oss_priority", "auto", "*"): _PR50622 + "; 0.26.0 also lists backends not declared here",
-    ("moe_backend_strings", "aiter", "*"): _PR50622 + "; 0.26.0's 'aiter' also tries AITER_MXFP4_MXFP4",
+    ("gpt_oss_priority", "auto", "*"): _PR50622,
+    ("gpt_oss_priority", "auto", "sm120"): (
+        "vLLM 0.26.0 has one GPT-OSS priority order everywhere; on SM12x 0.33.0 moves TRITON after MARLIN, and the "
+        "selection follows it. " + _PR50622
+    ),
+    ("moe_backend_strings", "aiter", "*"): _PR50622,
     ("moe_backend_strings", "aiter_triton_mxfp4_bf16", "*"): _PR50622,
-    ("selection", "auto/none", "gfx942"): _PR50622 + ": without it 0.26.0 falls to TRITON on gfx942",
-    ("selection", "aiter/none", "gfx942"): _PR50622 + ": 0.26.0's 'aiter' has no W4A16 candidate on gfx942",
-    ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256, not 128",
-    ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "0.26.0 rounds the TRT-LLM intermediate to 256, not 128",
+    ("selection", "auto/none", "gfx942"): _PR50622 + ". Without it 0.26.0 falls to TRITON on gfx942",
+    ("selection", "aiter/none", "gfx942"): _PR50622 + ". Without it 0.26.0's 'aiter' has nothing that takes gfx942",
+    **_each(
+        "selection",
+        ("aiter/mxfp8", "aiter/fp8"),
+        ("gfx942",),
+        _NO_FALLBACK_V26 + ". " + _PR50622 + ", the bf16 variant that takes gfx942",
+    ),
+    **_each("selection", ("aiter/mxfp8",), ("gfx950",), _NO_FALLBACK_V26),
+    **_each("selection", ("marlin/mxfp8", "marlin/fp8"), ("sm80", "sm90", "sm100", "sm120"), _NO_FALLBACK_V26),
+    **_each("selection", ("flashinfer_cutlass/mxfp8", "flashinfer_cutlass/fp8"), ("sm90",), _NO_FALLBACK_V26),
+    **_each("selection", ("flashinfer_trtllm/fp8",), ("sm100",), _NO_FALLBACK_V26),
+    **_each(
+        "selection",
+        ("triton/mxfp8", "triton/fp8", "triton_unfused/mxfp8", "triton_unfused/fp8"),
+        ("sm90", "sm100", "gfx942", "gfx950"),
+        _NO_FALLBACK_V26,
+    ),
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+        "vLLM 0.26.0 pads the TRT-LLM intermediate size to a multiple of 256; 0.33.0, which the declarations follow, "
+        "to 128 (mxfp4_round_up_hidden_size_and_intermediate_size)"
+    ),
+    ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
     **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V26),
     ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
-        "0.26.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) only, the modular one routes "
-        "outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
+        "vLLM 0.26.0 has two TRT-LLM kernel classes: the preferred one routes inside FlashInfer (Renormalize and "
+        "RenormalizeNaive only), the other takes the top-k from vLLM's router (any method). The adapter calls "
+        "FlashInfer's in-kernel routing only, so the declaration lists what that routing implements"
     ),
     ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
 }
-"""Understood differences from vLLM 0.26.0 (DEFAULT_VLLM): mostly, the declarations follow vLLM main
-after PR #50622 (AITER_TRITON_MXFP4_BF16), which 0.26.0 predates."""
+"""Understood differences from vLLM 0.26.0 (DEFAULT_VLLM, the release whose vendored triton_kernels
+the Triton backends run), which the declarations no longer follow: where 0.26.0 differs from 0.33.0
+(no PR #50622, no bf16 fallback, one priority order, the TRT-LLM round-up), and the limitations
+both releases share."""
 
-_ROCM_256_V33 = (
-    "0.33.0 rounds TRITON and TRITON_UNFUSED to 256/256 on ROCm (mxfp4_round_up_hidden_size_and_intermediate_size: "
-    "128 only for TRITON_UNFUSED with SiLU/SiTU before CDNA4, and gpt-oss's Mxfp4MoEMethod.maybe_roundup_sizes "
-    "passes no activation); a declaration has one alignment (the CUDA rule). Padding is zeros, so outputs agree; "
-    "the padding audit understates ROCm's"
-)
-_BF16_FALLBACK = (
-    "0.33.0's _filter_by_activation (fused_moe/oracle/mxfp4.py) puts the BF16-activation variants after those "
-    "matching the requested activation, so a --moe-backend family with no such variant runs W4A16 (with "
-    "_warn_on_bf16_fallback's warning); 0.26.0 kept matching variants only, and harness.upstream.selection, following "
-    "it, refuses: the selection model is out of date for 0.33.0"
-)
-_SM12X_TRITON = (
-    "0.33.0 runs the OAI Triton kernels on SM12x too (experts/gpt_oss_triton_kernels_moe.py, "
-    "_triton_kernel_moe_supports_current_device: (9, 0) <= cap < (13, 0); 0.26.0 stopped below 11.0); the "
-    "triton and triton-unfused declarations list sm90/sm100 only: out of date for 0.33.0"
-)
-KNOWN_V33: dict[Key, str] = {
-    **_SHARED,
-    ("gpt_oss_priority", "auto", "*"): (
-        "0.33.0's _get_priority_backends_for_gpt_oss moves TRITON after MARLIN and BATCHED_MARLIN on SM12x "
-        "(is_device_capability_family(120): small-tile Triton, MARLIN prefills faster); harness.upstream.selection has "
-        "one order for every arch (and no TRITON on sm120, see selection triton/none). Elsewhere the declared "
-        "backends are in vLLM's order; 0.33.0 also lists backends not declared here"
-    ),
-    ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
-        "0.33.0's AiterW4A16ExpertsMonolithic._supports_routing_method (experts/aiter_mxfp4_w4a16_moe.py) also "
-        "takes DeepSeekV3 (aiter routing with score_mode='sigmoid' and the correction bias, for MiMo-V2.6) and "
-        "DeepseekV4; the declaration and adapter follow PR #50622, Renormalize(Naive) only"
-    ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
-        "0.33.0's TRT-LLM classes: the monolithic one takes Renormalize(Naive) and DeepSeekV3, the modular one "
-        "routes outside the kernel (any method); the declaration lists what FlashInfer's in-kernel routing implements"
-    ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
-    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
-    **_each("selection", ("marlin/fp8", "marlin/mxfp8"), ("sm80", "sm90", "sm100", "sm120"), _BF16_FALLBACK),
-    **_each("selection", ("flashinfer_cutlass/fp8", "flashinfer_cutlass/mxfp8"), ("sm90",), _BF16_FALLBACK),
-    **_each("selection", ("flashinfer_trtllm/fp8",), ("sm100",), _BF16_FALLBACK),
-    **_each(
-        "selection",
-        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
-        ("sm90", "sm100", "gfx942", "gfx950"),
-        _BF16_FALLBACK,
-    ),
-    **_each("selection", ("aiter/fp8", "aiter/mxfp8"), ("gfx942",), _BF16_FALLBACK),
-    **_each("selection", ("aiter/mxfp8",), ("gfx950",), _BF16_FALLBACK),
-    **_each(
-        "selection",
-        ("aiter_triton_mxfp4_bf16/fp8", "aiter_triton_mxfp4_bf16/mxfp8"),
-        ("gfx942", "gfx950"),
-        _BF16_FALLBACK,
-    ),
-    **_each("selection", ("triton/none", "triton_unfused/none"), ("sm120",), _SM12X_TRITON),
-    **_each(
-        "selection",
-        ("triton/fp8", "triton/mxfp8", "triton_unfused/fp8", "triton_unfused/mxfp8"),
-        ("sm120",),
-        _SM12X_TRITON + "; and " + _BF16_FALLBACK,
-    ),
-}
-"""Understood differences from vLLM 0.33.0 (NEWEST_VLLM). PR #50622 is in it (AITER_TRITON_MXFP4_BF16,
-the 'aiter_triton_mxfp4_bf16' string, its place in the gpt-oss priority and in 'aiter'), so none of
-0.26.0's PR #50622 entries applies; what is left is newer behaviour: BF16 fallback, SM12x Triton,
-routing methods, ROCm round-ups."""
-
-KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {DEFAULT_VLLM: KNOWN_V26, NEWEST_VLLM: KNOWN_V33}
+KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {NEWEST_VLLM: KNOWN_V33, DEFAULT_VLLM: KNOWN_V26}
 """The understood differences of each vLLM release the drift check knows."""
-KNOWN = KNOWN_BY_VERSION[DEFAULT_VLLM]
-"""Those of DEFAULT_VLLM, the release ``python -m harness fetch vllm`` takes."""
+KNOWN = KNOWN_BY_VERSION[NEWEST_VLLM]
+"""Those of NEWEST_VLLM, the release the declarations follow (``vllm-drift``'s default)."""
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -221,7 +249,7 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def known_for(version: str = DEFAULT_VLLM) -> dict[Key, str]:
+def known_for(version: str = NEWEST_VLLM) -> dict[Key, str]:
     """KNOWN for VERSION: its own entries, or else those of the newest release listed before it
     (a newer vLLM is checked against the last reasons, and their staleness shows what changed)."""
     by_release = {_release(v): known for v, known in KNOWN_BY_VERSION.items()}
@@ -310,7 +338,7 @@ def _selection_ours(arch: str, moe_backend: str, quant: str | None, declarations
 def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
     """Every difference between one arch's vLLM facts and the declarations."""
     arch = facts["arch"]
-    version = str(facts.get("vllm_version") or DEFAULT_VLLM)
+    version = str(facts.get("vllm_version") or NEWEST_VLLM)
     ours = {d.vllm_backend: d for d in declarations if d.vllm_backend}
     members = set(facts.get("backends", []))
     out: list[Drift] = []
@@ -318,7 +346,10 @@ def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
         out.append(Drift("backends", name, "*", "declared", "absent"))
     strings = facts.get("moe_backend_strings", {})
     for s, ours_list in MOE_BACKENDS.items():
+        where = "*"
         if s == "auto":
+            ours_list = gpt_oss_priority(arch) if arch in PROBE_ARCHS else GPT_OSS_PRIORITY
+            where = "*" if ours_list == GPT_OSS_PRIORITY else arch  # an arch of its own order: its own row
             theirs_all = facts.get("gpt_oss_priority", [])
         elif s not in strings:
             out.append(Drift("moe_backend_strings", s, "*", ",".join(ours_list), "absent"))
@@ -327,7 +358,7 @@ def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
             theirs_all = strings[s]
         if list(ours_list) != [m for m in theirs_all if m in ours]:
             kind = "gpt_oss_priority" if s == "auto" else "moe_backend_strings"
-            out.append(Drift(kind, s, "*", ",".join(ours_list), ",".join(theirs_all)))
+            out.append(Drift(kind, s, where, ",".join(ours_list), ",".join(theirs_all)))
     for name, d in sorted(ours.items()):
         if name not in members:
             continue
@@ -391,8 +422,8 @@ def unique(drifts: list[Drift]) -> list[Drift]:
 
 def stale_known(drifts: list[Drift], version: str | None = None) -> list[Key]:
     """Entries of the release's KNOWN that no longer match any drift. The release is VERSION, else the
-    one the drifts came from (DEFAULT_VLLM when there are none: pass VERSION then)."""
-    versions = {version} if version else {d.vllm_version for d in drifts} or {DEFAULT_VLLM}
+    one the drifts came from (NEWEST_VLLM when there are none: pass VERSION then)."""
+    versions = {version} if version else {d.vllm_version for d in drifts} or {NEWEST_VLLM}
     stale: list[Key] = []
     for v in sorted(versions, key=_release):
         mine = [d for d in drifts if d.vllm_version == v] if not version else drifts

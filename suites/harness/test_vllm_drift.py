@@ -1,8 +1,9 @@
 """The drift check of vLLM's own MXFP4 oracle against the declarations: that it sees a difference
 of each kind (on facts edited from a real probe), that known differences must keep occurring, that
 each vLLM release has its own known differences, and, where vLLM's sources are fetched (./dev does
-it on GPU-less hosts), that vLLM 0.26.0 (DEFAULT_VLLM) and 0.33.0 (NEWEST_VLLM), each run under
-every fake platform, differ from the declarations only as that release's KNOWN explains."""
+it on GPU-less hosts), that vLLM 0.33.0 (NEWEST_VLLM, which the declarations follow) and 0.26.0
+(DEFAULT_VLLM), each run under every fake platform, differ from the declarations only as that
+release's KNOWN explains."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
 
 DECLARATIONS = [item.backend.declaration for item in discover()]
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED_VLLM = (DEFAULT_VLLM, NEWEST_VLLM)
-"""The releases the drift check runs against: the one the project pins and the newest."""
+CHECKED_VLLM = (NEWEST_VLLM, DEFAULT_VLLM)
+"""The releases the drift check runs against: the one the declarations follow, and the one whose
+vendored triton_kernels the Triton backends run."""
 
 
 def _fetched(version: str) -> bool:
@@ -36,7 +38,7 @@ def _not_fetched(version: str) -> str:
 
 
 def _facts() -> dict:
-    """sm90 facts as vLLM 0.26.0 reports them where they agree with the declarations."""
+    """sm90 facts as vLLM reports them where they agree with the declarations."""
     ours = {d.vllm_backend: d for d in DECLARATIONS if d.vllm_backend}
     from mxmoe.harness.upstream.selection import GPT_OSS_PRIORITY
 
@@ -79,8 +81,21 @@ def test_each_kind_of_drift_is_seen(edit, expected):
     assert expected in _kinds(facts)
 
 
+def test_sm12x_has_its_own_auto_order():
+    """vLLM 0.33.0 puts TRITON after MARLIN on SM12x only: its order there is no drift, 0.26.0's one
+    order is, in a row of that arch."""
+    from mxmoe.harness.upstream.selection import GPT_OSS_PRIORITY, gpt_oss_priority
+
+    facts = {**copy.deepcopy(_facts()), "arch": "sm120", "gpt_oss_priority": list(gpt_oss_priority("sm120"))}
+    assert not [d for d in vd.compare(facts, DECLARATIONS) if d.kind == "gpt_oss_priority"]
+    facts["gpt_oss_priority"] = list(GPT_OSS_PRIORITY)
+    rows = [d for d in vd.compare(facts, DECLARATIONS) if d.kind == "gpt_oss_priority"]
+    assert [(d.subject, d.arch) for d in rows] == [("auto", "sm120")]
+
+
 def test_known_drift_is_marked_and_a_vanished_one_is_stale():
-    drifts = vd.mark_known([vd.Drift("backends", "AITER_TRITON_MXFP4_BF16", "*", "declared", "absent")])
+    absent = vd.Drift("backends", "AITER_TRITON_MXFP4_BF16", "*", "declared", "absent", vllm_version=DEFAULT_VLLM)
+    drifts = vd.mark_known([absent])
     assert drifts[0].known and "50622" in drifts[0].known
     stale = vd.stale_known(drifts)
     assert ("backends", "AITER_TRITON_MXFP4_BF16", "*") not in stale and ("round_up", "TRITON", "gfx942") in stale
@@ -88,13 +103,16 @@ def test_known_drift_is_marked_and_a_vanished_one_is_stale():
 
 def test_each_release_has_its_own_known_differences():
     """PR #50622 is in the newest release: its absence there is not explained, and 0.26.0's reasons for it
-    do not count as stale there; a release with no list of its own takes the last one before it."""
+    do not count as stale there; a release with no list of its own takes the last one before it. The
+    default release is the one the declarations follow."""
     absent = vd.Drift("backends", "AITER_TRITON_MXFP4_BF16", "*", "declared", "absent", vllm_version=NEWEST_VLLM)
     assert vd.mark_known([absent])[0].known is None
     assert ("backends", "AITER_TRITON_MXFP4_BF16", "*") not in vd.stale_known([absent])
     assert ("selection", "triton/none", "sm120") in vd.stale_known([absent])
     assert not any(vd._PR50622 in reason for reason in vd.known_for(NEWEST_VLLM).values())
-    assert vd.known_for(DEFAULT_VLLM) is vd.KNOWN and vd.known_for(NEWEST_VLLM + "+cu130") is vd.KNOWN_V33
+    assert vd.known_for(NEWEST_VLLM) is vd.KNOWN is vd.KNOWN_V33 and vd.known_for() is vd.KNOWN
+    assert vd.known_for(DEFAULT_VLLM) is vd.KNOWN_V26 and vd.known_for(NEWEST_VLLM + "+cu130") is vd.KNOWN_V33
+    assert vd.Drift("backends", "X", "*", "", "").vllm_version == NEWEST_VLLM
     assert set(vd.probe_deps(DEFAULT_VLLM)) < set(vd.probe_deps(NEWEST_VLLM))
 
 
