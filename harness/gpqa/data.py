@@ -6,7 +6,10 @@ from simple-evals) draws it: one ``random.Random(0)`` per run; with ``limit`` it
 many questions; then the question list is repeated ``repeats`` times and every (question, repeat)
 draws ``rng.sample(range(4), 4)`` in that order, a permutation of [correct, incorrect 1..3]. The
 same CSV therefore gives, sample for sample, the prompts gpt-oss's own eval and vLLM's CI send, and
-every backend of a run, and every run, sees the same prompts.
+every backend of a run, and every run, sees the same prompts. The CSV is read as that eval reads it
+(``pandas.read_csv`` with its defaults: a cell pandas takes for missing, such as ``None`` or ``NA``,
+is shown as ``nan``), and the correct letter is the first choice whose text is the correct answer's,
+as there; ``oai_evals`` runs that eval beside this task and checks, sample by sample, that both agree.
 
 Nothing here writes question text anywhere: a sample is known in results by ``question_id`` (a
 hash of the record id and the question), its repeat and its permutation.
@@ -14,7 +17,6 @@ hash of the record id and the question), its repeat and its permutation.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import random
 import re
@@ -34,20 +36,34 @@ class DataError(ValueError):
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of a GPQA-format CSV (the official ``gpqa_{main,diamond,extended}.csv`` or one the
-    project generates). A missing file or column is a ``DataError`` naming it."""
+    project generates), every cell as the text gpt-oss's eval puts in its prompt. A missing file or
+    column is a ``DataError`` naming it.
+
+    The file is read with ``pandas.read_csv`` and its defaults, the very call of
+    ``gpt_oss/evals/gpqa_eval.py``, because that reader is not neutral: a cell pandas takes for
+    missing (``None``, ``NA``, ``null``, an empty cell, ...) becomes NaN, which that eval's template
+    shows as ``nan``, and a column of numbers becomes numbers (``1.50`` is shown as ``1.5``). A
+    reader of its own (``csv``) would show the model other text than vLLM's CI shows it."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"--data: no such file {p} (a GPQA CSV: gpqa_diamond.csv, gpqa_main.csv or gpqa_extended.csv)")
-    with open(p, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise DataError(f"--data: {p} lacks GPQA column(s) {missing}; a GPQA CSV has {', '.join(COLUMNS)}")
-        rows = list(reader)
-    if not rows:
+    try:
+        import pandas
+    except ImportError as exc:  # a dependency of lm-eval's datasets and of statsmodels, so of every GPQA run
+        raise DataError(f"--data: reading a GPQA CSV as gpt-oss's eval reads it needs pandas: {exc}") from None
+    try:
+        frame = pandas.read_csv(p)
+    except (ValueError, OSError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise DataError(f"--data: {p} is not a readable CSV: {exc}") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(f"--data: {p} lacks GPQA column(s) {missing}; a GPQA CSV has {', '.join(COLUMNS)}")
+    if frame.empty:
         raise DataError(f"--data: {p} holds no question")
-    for i, row in enumerate(rows):
-        if not row.get("Record ID"):
+    rows = [{str(k): v if isinstance(v, str) else str(v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+    ids = frame["Record ID"] if "Record ID" in frame.columns else [None] * len(rows)
+    for i, (row, rid) in enumerate(zip(rows, ids)):
+        if rid is None or pandas.isna(rid) or not str(rid):
             row["Record ID"] = f"row-{i:05d}"
     return rows
 
@@ -76,7 +92,9 @@ def documents(rows: list[dict], repeats: int, limit: int | None = None) -> list[
     docs = []
     for row, repeat, perm in openai_samples(rows, repeats, limit):
         shown = [row[ANSWER_COLUMNS[i]] for i in perm]
-        correct = perm.index(0)
+        # gpt-oss's rule: the first choice whose text is the correct answer's (``perm.index(0)`` but
+        # where an incorrect answer has the same text, which that eval then takes as the correct one)
+        correct = shown.index(row["Correct Answer"])
         docs.append(
             {
                 "question_id": question_id(row),
@@ -116,12 +134,15 @@ _ANSWER_PATTERNS = [
     re.compile(rf"(?<![A-Za-z0-9]){_WRAP}\s*([ABCD])\)[^*_\n]+?{_WRAP}(?![A-Za-z0-9])"),
     re.compile(rf"^\s*{_WRAP}?([ABCD]){_WRAP}?\s*[\.\)\-–:]?\s*.*$", re.M),
 ]
-_BARE_LETTER = re.compile(r"\s*[*_]{0,2}\s*([ABCD])\s*[*_]{0,2}\s*[.):\]]?\s*", re.I)
 
 
 def extract_answer(text: str) -> str | None:
-    """The letter a response declares as its answer, read as gpt-oss's GPQA grader reads it; None
-    when it declares none (scored wrong, as there)."""
+    """The letter a response declares as its answer, read as gpt-oss's GPQA grader
+    (``extract_abcd``) reads it; None when it declares none (scored wrong, as there).
+
+    Where no pattern matches, ``extract_abcd`` returns the response's first character (after a
+    leading ``**``): that is a letter only where the last pattern would have matched already, so a
+    response such as ``b)`` (a lowercase letter, no pattern's) declares nothing there, and here."""
     found = []
     for priority, pattern in enumerate(_ANSWER_PATTERNS):
         m = pattern.search(text)
@@ -129,8 +150,8 @@ def extract_answer(text: str) -> str | None:
             found.append((priority, len(m.group(0)), m.group(1).upper()))
     if found:
         return min(found)[2]
-    bare = _BARE_LETTER.fullmatch(text)
-    return bare.group(1).upper() if bare else None
+    first = text.removeprefix("**")[:1]
+    return first if first and first in LETTERS else None
 
 
 _FINAL = "<|channel|>final<|message|>"

@@ -294,6 +294,14 @@ class MoELM(LM):
 class ServerChatLM(LocalChatCompletion):
     """lm-eval's chat-completions client, strict about what the server answers, one seed per sample."""
 
+    @classmethod
+    def for_server(cls, base_url: str, model: str, concurrency: int = 64, timeout: int = 3600) -> ServerChatLM:
+        """The client for ``base_url`` (``http://HOST:PORT/v1``) with the settings of the ``gpqa``
+        server route (chat completions, no local tokenizer, three retries), so that ``oai_evals``
+        runs the harness's side as that route does (``harness/cli/gpqa.py`` builds the same inline)."""
+        return cls(model=model, base_url=base_url.rstrip("/") + "/chat/completions", tokenizer_backend=None,
+                   tokenized_requests=False, num_concurrent=concurrency, max_retries=3, timeout=timeout)  # fmt: skip
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._seeds: dict[str, collections.deque] = {}

@@ -80,9 +80,10 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def evaluate(lm: Any, spec: Spec) -> tuple[dict, list[dict]]:
+def evaluate(lm: Any, spec: Spec, samples_out: list | None = None) -> tuple[dict, list[dict]]:
     """Run lm-eval on ``spec``'s task with ``lm``: (lm-eval's results without the samples, the
-    per-sample records)."""
+    per-sample records). ``samples_out``, where given, receives lm-eval's logged samples themselves
+    (prompts and responses, text included: ``oai_evals`` compares them in memory and writes none)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -102,6 +103,8 @@ def evaluate(lm: Any, spec: Spec) -> tuple[dict, list[dict]]:
     if out is None:
         raise RuntimeError("lm-eval returned no results")
     samples = out.pop("samples")[spec.lm_eval_task]
+    if samples_out is not None:
+        samples_out.extend(samples)
     return out, records(samples, spec)
 
 
