@@ -11,6 +11,17 @@ Kernel: ``triton_kernels.matmul_ogs`` (v3.5.1, the copy vLLM 0.26 vendors and ru
   ``split_k`` = 1, and the scale groups padded to a multiple of 4 (vLLM's patch for triton-lang
   #47303: with H/32 = 90, gpt-oss's, the kernel read scales out of bounds); on Blackwell its
   default layouts, persistent; on CDNA4 (gfx950, TP <= 2) the CDNA4 scale layout, else strided;
+* on SM12x (sm120, consumer Blackwell), what vLLM 0.33.0 does there and only there (0.26.0 does
+  not run these kernels on SM12x): the weights as on SM10x (triton_kernels' default layouts,
+  which are the Blackwell ones at capability >= 10, and ``is_persistent`` with
+  ``epilogue_subtile`` = 1: ``mxfp4_utils._swizzle_mxfp4``'s SM10x/SM12x branch), and before
+  each forward's first matmul ``block_m`` pinned to triton_kernels' tokens-per-expert heuristic
+  capped at 32 (``gpt_oss_triton_kernels_moe._constrain_sm12x_block_m(M * topk, E)``), to fit
+  99 KB of shared memory. Which settings apply is chosen from the host's arch at run time
+  (``swizzle_constraints``, ``call_constraints``): on sm90, sm100 and ROCm nothing changed.
+  **sm120 has not been run on hardware** (no SM12x GPU was available): the settings are checked
+  on a CPU against vLLM 0.33.0's own functions (suites/kernels/test_vendor_adapters.py), not the
+  kernels' results;
 * GEMM1 with ``FusedActivation(swiglu, (alpha, limit), 2)``: triton_kernels' swiglu computes
   ``s * (up + 1)``, so beta is fixed at 1; GEMM2 scatters with the routing weights as ``gammas``
   and sums the top-k rows (``reduce_grouped``, float32 sum of bfloat16 rows);
@@ -46,13 +57,55 @@ from mxmoe.kernels import storage
 from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.routing import ROUTING_METHODS
 
-_ARCHS = ("sm90", "sm100", "gfx942", "gfx950")
+OAI_TRITON_ARCHS = ("sm90", "sm100", "sm120", "gfx942", "gfx950")
+"""Where vLLM 0.33.0 runs the OpenAI Triton kernels and these adapters follow it
+(``_triton_kernel_moe_supports_current_device``: CUDA 9.0 <= capability < 13.0, ROCm gfx9). sm120
+follows vLLM's code only: it has not been run on hardware."""
+SM12X_MAX_BLOCK_M = 32
+"""vLLM 0.33.0's ``_SM12X_MAX_BLOCK_M`` (``gpt_oss_triton_kernels_moe``): with block_m >= 64 the
+persistent MXFP4 kernel fits one pipeline stage in SM12x's 99 KB of shared memory."""
 HOPPER_MIN_N = 129
 """Found on the H200 (triton 3.6.0, triton_kernels v3.5.1): vLLM builds the Hopper scale layout
 with num_warps=8, whose kernel asserts BLOCK_N % 256 == 0, but ``compute_block_n`` picks 256
 only for N > 128 (else the next power of two up to 128): every GEMM with N <= 128 (a hidden
 size, or twice the padded intermediate, of 128 or less) fails to compile. No production shape
 is that small; the small CI-size cases are declined on sm90 with this reason."""
+
+
+def is_sm12x(arch: str) -> bool:
+    """vLLM's ``_is_sm12x`` (``is_device_capability_family(120)``) for an arch token: sm120, sm121."""
+    return arch.startswith("sm12")
+
+
+def swizzle_constraints(arch: str) -> dict[str, Any]:
+    """The opt-flag constraints vLLM 0.33.0's ``mxfp4_utils._swizzle_mxfp4`` sets on ``arch`` with
+    each weight's layout conversion: ``split_k`` = 1 on Hopper (capability 9.0), the persistent
+    kernel with ``epilogue_subtile`` = 1 on SM10x and SM12x (``is_device_capability_family(100)``
+    or ``(120)``), none elsewhere (ROCm)."""
+    if arch == "sm90":
+        return {"split_k": 1}
+    if arch == "sm100" or is_sm12x(arch):
+        return {"is_persistent": True, "epilogue_subtile": 1}
+    return {}
+
+
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for n >= 1 (without importing triton)."""
+    return 1 << (n - 1).bit_length()
+
+
+def sm12x_block_m(rows: int, experts: int) -> int:
+    """vLLM 0.33.0's ``_sm12x_block_m``: triton_kernels' tokens-per-expert block_m heuristic (at
+    least 16), capped at SM12X_MAX_BLOCK_M; ``rows`` is tokens x top-k, ``experts`` the local ones."""
+    tokens_per_expt = max(1, rows // experts)
+    return max(16, min(_next_power_of_2(tokens_per_expt), SM12X_MAX_BLOCK_M))
+
+
+def call_constraints(arch: str, rows: int, experts: int) -> dict[str, Any]:
+    """The opt-flag constraints vLLM 0.33.0 sets before a forward's matmuls on ``arch``
+    (``_constrain_sm12x_block_m(M * topk, E)``, in ``triton_kernel_fused_experts`` and
+    ``UnfusedOAITritonExperts.apply``): ``block_m`` on SM12x, nothing elsewhere."""
+    return {"block_m": sm12x_block_m(rows, experts)} if is_sm12x(arch) else {}
 
 
 def _load_modules() -> SimpleNamespace:
@@ -141,11 +194,13 @@ class OaiTritonBase(VendorKernel):
                 ) from exc
         self.check_call()  # the declared GPUs only: triton_kernels reads the device's SM count and target
 
-    def _layouts(self, case: Case) -> tuple[Any, dict, Any, dict]:
-        """(value layout, options, scale layout, options) as vLLM's ``_swizzle_mxfp4`` picks them."""
+    def _layouts(self, case: Case, arch: str) -> tuple[Any, dict, Any, dict]:
+        """(value layout, options, scale layout, options) as vLLM's ``_swizzle_mxfp4`` picks them on
+        ``arch``: on ROCm its own choice; on CUDA (Hopper, SM10x and SM12x alike) triton_kernels'
+        defaults, which read the device (Hopper's layouts at capability 9.x, Blackwell's from 10.0,
+        so SM12x's too)."""
         tk = self._tk
         layout = tk.layout
-        arch = host_arch()
         if arch.startswith("gfx"):
             cdna4 = getattr(layout, "CDNA4MXScaleLayout", None)
             scale = cdna4 if arch == "gfx950" and case.tp <= 2 and cdna4 is not None else layout.StridedLayout
@@ -160,13 +215,12 @@ class OaiTritonBase(VendorKernel):
         arch = host_arch()
         blocks_nk = blocks.transpose(-2, -1)  # [E, N, K/2], K contiguous: the checkpoint's memory
         scales_nk = scales.transpose(-2, -1)
-        if arch == "sm90":
-            tk.opt_flags.update_opt_flags_constraints({"split_k": 1})
-            if self.pad_hopper_scales:
-                scales_nk = torch.nn.functional.pad(scales_nk, (0, -scales_nk.shape[-1] % 4))
-        elif arch == "sm100":
-            tk.opt_flags.update_opt_flags_constraints({"is_persistent": True, "epilogue_subtile": 1})
-        v, vopts, s, sopts = self._layouts(case)
+        constraints = swizzle_constraints(arch)
+        if constraints:
+            tk.opt_flags.update_opt_flags_constraints(constraints)
+        if arch == "sm90" and self.pad_hopper_scales:
+            scales_nk = torch.nn.functional.pad(scales_nk, (0, -scales_nk.shape[-1] % 4))
+        v, vopts, s, sopts = self._layouts(case, arch)
         w = tk.tensor.convert_layout(
             tk.tensor.wrap_torch_tensor(blocks_nk.transpose(-2, -1), dtype=tk.tensor.FP4), v, **vopts
         )
@@ -231,6 +285,14 @@ class OaiTritonBase(VendorKernel):
         zero-padded to the converted hidden size."""
         return (*self.route(prepared, inputs), inputs.padded_x(prepared.hidden))
 
+    @staticmethod
+    def constrain_call(prepared: Prepared, tokens: int, top_k: int) -> None:
+        """Before a forward's first matmul: the opt-flag constraints vLLM sets on this host's arch
+        (``call_constraints``: on SM12x, block_m for tokens x top-k rows over the local experts)."""
+        constraints = call_constraints(host_arch(), tokens * top_k, prepared.experts)
+        if constraints:
+            prepared.tk.opt_flags.update_opt_flags_constraints(constraints)
+
 
 def pack_topk_bits(ids: torch.Tensor, experts: int) -> torch.Tensor:
     """The [tokens, ceil(experts / 32)] uint32 bit matrix triton_kernels' routing reads: bit
@@ -250,9 +312,9 @@ def _triton_declaration(
 ) -> Declaration:
     return Declaration(
         id=ident,
-        # Not sm120: vLLM 0.33.0 runs these kernels on SM12x too (_triton_kernel_moe_supports_current_device),
-        # but with settings only SM12x gets (_swizzle_mxfp4, _constrain_sm12x_block_m) that this adapter lacks.
-        archs=_ARCHS,
+        # sm120 with the settings vLLM 0.33.0 gives SM12x only (swizzle_constraints, call_constraints):
+        # from vLLM's code, not run on hardware.
+        archs=OAI_TRITON_ARCHS,
         description=description,
         quant="w4a16",
         activations=("swigluoai",),
@@ -302,6 +364,7 @@ class OaiTriton(OaiTritonBase):
             mo.FnSpecs("swiglu", tk.swiglu.swiglu_fn, ("alpha", "limit")), (float(case.alpha), case.limit or None), 2
         )
         inter = poisoned((1, t * case.top_k, n // 2), torch.bfloat16, x.device)
+        self.constrain_call(prepared, t, case.top_k)
         mo.matmul_ogs(
             x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13,
             fused_activation=act, y=inter,

@@ -15,6 +15,10 @@ interleaved checkpoint vLLM 0.26 keeps them interleaved and uses the interleaved
 GEMMs are the same, only which columns the activation pairs differs), the hidden size unchanged
 and the intermediate padded to 64, float32 biases, blocks and scales as [E, K, N] views, then
 triton_kernels' layout conversion (``kernels.oai_triton``).
+
+Architectures and their settings are TRITON's (``kernels.oai_triton``), vLLM 0.33.0's, SM12x's
+block_m pin included (``UnfusedOAITritonExperts.apply`` calls ``_constrain_sm12x_block_m`` before
+GEMM1). **sm120 has not been run on hardware**: it follows vLLM's code only.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from mxmoe.harness.contract.backend import Arithmetic, Declaration
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.harness.judge.engine import poisoned
-from mxmoe.kernels.oai_triton import OaiTritonBase, Prepared
+from mxmoe.kernels.oai_triton import OAI_TRITON_ARCHS, OaiTritonBase, Prepared
 from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision
 
@@ -45,7 +49,7 @@ class OaiTritonUnfused(OaiTritonBase):
     routes_in_kernel = False
     declaration = Declaration(
         id="triton-unfused",
-        archs=("sm90", "sm100", "gfx942", "gfx950"),  # not sm120: as TRITON (kernels/oai_triton.py)
+        archs=OAI_TRITON_ARCHS,  # as TRITON (kernels/oai_triton.py); sm120 not run on hardware
         description="OpenAI triton_kernels matmul_ogs, activation in a separate kernel",
         quant="w4a16",
         w13_layout="chunked_gate_up",
@@ -73,6 +77,7 @@ class OaiTritonUnfused(OaiTritonBase):
         t, n = x.shape[0], prepared.w13.shape[-1]
         k = prepared.hidden
         gemm1 = poisoned((1, t * case.top_k, n), torch.bfloat16, x.device)
+        self.constrain_call(prepared, t, case.top_k)
         mo.matmul_ogs(x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13, y=gemm1)
         act_in = gemm1.view(-1, n)[gather.dst_indx.to(torch.int64)]
         act = unfused_activation(act_in, case, self.declaration.w13_layout)

@@ -17,16 +17,21 @@ declaration (archs, precision): a vLLM kernel that rounds differently from the d
 then a FAIL of the check. MARLIN exists only inside vLLM, so ``kernels.marlin`` is this driver
 with ``--moe-backend marlin``.
 
+Where vLLM is not installed (a GPU machine with no network, say), the driver boots the project's
+carryable vLLM runtime (``harness.upstream.vllm_runtime``: ``python -m harness fetch
+vllm-runtime``) and loads the project's build of the few compiled ops vLLM's layer calls
+(``harness.upstream.vllm_ops``: ``python -m harness build-vllm-ops``); every result's build names
+the vLLM release, where it came from and the ops build. vLLM 0.33.0 is the release driven by
+default; ``MXMOE_VLLM_VERSION`` picks another fetched runtime (0.26.0's layer object is the same).
+
 Scope: one rank without expert parallelism (the engine's EP all-to-all is not run here); a TP
-rank's shard is a layer of its own (its partial sum), as the checks define it. Not run on
-hardware in this project's own runs: vLLM's wheel is far over what the lent H200 can carry, and
-its compiled ops do not load on a CPU; the pure-Python parts (selection, round-ups, conversions)
-are checked against the declarations by ``python -m harness vllm-drift``.
+rank's shard is a layer of its own (its partial sum), as the checks define it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -67,14 +72,23 @@ class Prepared:
 
 
 class _Layer(torch.nn.Module):
-    """The attributes ``GptOssMxfp4MoEMethod`` reads from its ``RoutedExperts`` layer."""
+    """The attributes ``GptOssMxfp4MoEMethod`` reads from its ``RoutedExperts`` layer (0.26.0 and
+    0.33.0: the latter's ``apply_monolithic`` also passes the grouped-top-k, score-bias, scaling,
+    sink and hash-routing attributes on, which a GPT-OSS layer leaves unset)."""
 
-    def __init__(self, experts: int, activation: Any) -> None:
+    def __init__(self, experts: int, activation: Any, moe_config: Any) -> None:
         super().__init__()
         self.activation = activation
         self.global_num_experts = experts
         self.expert_map = None
         self.apply_router_weight_on_input = False
+        self.moe_config = moe_config
+        self.num_expert_group = None
+        self.topk_group = None
+        self.e_score_correction_bias = None
+        self.routed_scaling_factor = 1.0
+        self.routing_sink = None
+        self.hash_indices_table = None
 
     def _expert_routing_tables(self) -> None:
         return None
@@ -87,6 +101,10 @@ class VllmLayer(VendorKernel):
     pip_name = "vllm"
     kernel = "vllm GptOssMxfp4MoEMethod (oracle/mxfp4.py)"
     vllm_backend: ClassVar[str]
+    jit_modules: ClassVar[dict[str, str] | None] = None
+    """FlashInfer's JIT module of the kernel vLLM calls, by architecture (the FlashInfer backends):
+    vLLM's call would otherwise start an hour of nvcc where it is not built."""
+    flashinfer_build: dict[str, object] | None = None
 
     def supports(self, case: Case, arch: str) -> str | None:
         """As declared; one rank without expert parallelism."""
@@ -94,6 +112,36 @@ class VllmLayer(VendorKernel):
         if reason is None and case.ep > 1:
             return f"{self.declaration.id}: the vLLM driver runs one rank without expert parallelism"
         return reason
+
+    def load(self) -> None:
+        """Boot vLLM (installed, or the project's runtime with its ops build), then import it."""
+        from mxmoe.harness.contract.backend import require_host_arch
+        from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
+        from mxmoe.harness.upstream.vllm_ops import BuildError
+        from mxmoe.harness.upstream.vllm_runtime import boot
+
+        d = self.declaration
+        arch = require_host_arch(d.id, d.archs)
+        try:
+            self.booted = boot(os.environ.get("MXMOE_VLLM_VERSION", NEWEST_VLLM), arch)
+        except (VendorMissing, BuildError) as exc:
+            raise BackendUnavailable(f"{d.id}: vLLM is not installed and its runtime cannot boot: {exc}") from exc
+        super().load()
+
+    def provenance(self) -> str | None:
+        """vLLM's release and origin (installed, or the project's runtime) and the ops build."""
+        b = getattr(self, "booted", None)
+        if b is None:
+            return super().provenance()
+        ops = b["ops"]
+        built = (f"compiled ops from the project's build {ops['hash']} of vLLM {ops['recipe']['vllm']}'s sources "
+                 f"({', '.join(ops['recipe']['ops'])}; torch {ops['recipe']['torch']}, CUDA {ops['recipe']['nvcc']})"
+                 if ops else "no compiled vLLM op loaded")  # fmt: skip
+        fi = self.flashinfer_build
+        if fi is not None:
+            built += (f"; FlashInfer's kernel from the project's build of FlashInfer {fi['flashinfer']}'s "
+                      f"{fi['module']} (recipe {fi['recipe']})")  # fmt: skip
+        return f"vllm {b['vllm']} ({b['source']}); {built}"
 
     def check_call(self) -> None:
         """vLLM's oracle imports, on a host of a declared architecture."""
@@ -107,6 +155,11 @@ class VllmLayer(VendorKernel):
                 importlib.import_module(name)
             except Exception as exc:  # vLLM's imports fail in many ways (compiled ops, versions)
                 raise BackendUnavailable(f"{d.id}: {name} did not import: {type(exc).__name__}: {exc}") from exc
+        if self.jit_modules:
+            from mxmoe.harness.contract.platforms import host_arch
+            from mxmoe.kernels.flashinfer_common import require_compiled
+
+            self.flashinfer_build = require_compiled(self.jit_modules[host_arch()], d.id)
 
     def convert(self, inputs: CaseInputs) -> Prepared:
         """vLLM's own selection, round-up, weight loading and conversion for this case."""
@@ -140,7 +193,10 @@ class VllmLayer(VendorKernel):
             has_bias=case.bias,
             moe_backend=MOE_BACKEND_STRINGS[self.vllm_backend],
         )
-        method = qmx.GptOssMxfp4MoEMethod(cfg)
+        try:
+            method = qmx.GptOssMxfp4MoEMethod(cfg)
+        except ValueError as exc:  # vLLM's oracle refusing the deployment ("does not support ...")
+            raise BackendUnavailable(f"vLLM's oracle refuses --moe-backend {cfg.moe_backend} here: {exc}") from exc
         chosen = method.mxfp4_backend.name
         if chosen != self.vllm_backend:
             raise BackendUnavailable(
@@ -149,7 +205,7 @@ class VllmLayer(VendorKernel):
             )
         hp, ip = method.maybe_roundup_sizes(hidden, inter, torch.bfloat16, cfg.moe_parallel_config)
         cfg.hidden_dim, cfg.intermediate_size_per_partition = hp, ip
-        layer = _Layer(case.experts, activation)
+        layer = _Layer(case.experts, activation, cfg)
         method.create_weights(layer, experts, hp, ip, torch.bfloat16)
         layer.to(inputs.x.device)
         ckpt = {
@@ -207,6 +263,7 @@ def _make(name: str, base_path: str) -> type:
             "vllm_backend": vb,
             "storage": base.storage,
             "declaration": _driven(base, vb),
+            "jit_modules": getattr(base, "jit_modules", None),
         },
     )
 

@@ -33,6 +33,7 @@ from mxmoe.harness.cli import (
     backends,
     bench,
     build_flashinfer,
+    build_vllm_ops,
     check,
     diagnose,
     distributed,
@@ -46,11 +47,12 @@ from mxmoe.harness.cli import (
     report,
     selection,
     signoff,
+    vllm_cross,
 )
 from mxmoe.harness.cli.args import dispatch
 
 COMMANDS = (signoff, bench, selection, mutants, padding, backends, check, fetch, drift, replay, model, gpqa,
-            distributed, diagnose, report, build_flashinfer)  # fmt: skip
+            distributed, diagnose, report, build_flashinfer, build_vllm_ops, vllm_cross)  # fmt: skip
 """The command modules, in the order ``--help`` lists their subcommands; each adds its own
 (``add_parsers``)."""
 

@@ -5,7 +5,9 @@ wheel; vLLM's Python sources; another FlashInfer release's package) into the git
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +21,11 @@ def _fetched(args: argparse.Namespace) -> Path | None:
 
     if args.what == "vllm":
         return vllm_root(args.vllm_version) if vllm_fetched(args.vllm_version) else None
+    if args.what == "vllm-runtime":
+        from mxmoe.harness.upstream.vllm_runtime import runtime_fetched, runtime_root
+
+        py = args.python_version
+        return runtime_root(args.vllm_version, py) if runtime_fetched(args.vllm_version, py) else None
     where, marker = {
         "triton-kernels": (triton_kernels_root(args.vllm_version), "triton_kernels/__init__.py"),
         "flashinfer": (flashinfer_root(args.flashinfer_version), "flashinfer/__init__.py"),
@@ -27,9 +34,19 @@ def _fetched(args: argparse.Namespace) -> Path | None:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from mxmoe.harness.upstream.fetch import VendorMissing, fetch_flashinfer, fetch_triton_kernels
+    from mxmoe.harness.upstream.fetch import (
+        DEFAULT_VLLM,
+        NEWEST_VLLM,
+        VendorMissing,
+        fetch_flashinfer,
+        fetch_triton_kernels,
+    )
     from mxmoe.harness.upstream.vllm_drift import fetch_vllm
 
+    if args.vllm_version is None:
+        args.vllm_version = NEWEST_VLLM if args.what == "vllm-runtime" else DEFAULT_VLLM
+    if args.python_version is not None and not re.fullmatch(r"3\.\d+", args.python_version):
+        raise UsageError(f"--python-version: a Python version such as 3.12, not {args.python_version!r}")
     if args.wheel and not os.path.isfile(args.wheel):
         raise UsageError(f"--wheel: no such file {args.wheel!r}")
     if args.wheel and args.what == "flashinfer":
@@ -45,6 +62,16 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         elif args.what == "flashinfer":
             path = fetch_flashinfer(args.flashinfer_version)
             print(f"flashinfer-python {args.flashinfer_version}'s package is at {path} (layout cross-checks)")
+        elif args.what == "vllm-runtime":
+            from mxmoe.harness.upstream.vllm_runtime import fetch_runtime
+
+            path = fetch_runtime(args.vllm_version, wheel, args.python_version, args.platform)
+            m = json.loads((path / "runtime.json").read_text())
+            print(
+                f"vLLM {args.vllm_version}'s runtime for Python {m['python']} on {m['platform']} is at {path} "
+                f"({m['size_bytes'] / 2**20:.1f} MiB: {m['sources']['files']} source files, {len(m['deps'])} wheels); "
+                "copy that folder to the same place on the GPU machine (or set MXMOE_CACHE there)"
+            )
         else:
             path = fetch_vllm(args.vllm_version, wheel)
             print(f"vLLM {args.vllm_version}'s Python sources are at {path} (for `python -m harness vllm-drift`)")
@@ -56,21 +83,34 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``fetch`` to ``python -m harness``."""
-    from mxmoe.harness.upstream.fetch import DEFAULT_VLLM
+    from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
     from mxmoe.kernels.flashinfer_common import NEWEST_FLASHINFER
 
-    p = sub.add_parser("fetch", help="put OpenAI triton_kernels (vLLM's vendored copy) into the ignored cache")
-    p.add_argument(
-        "what", choices=["triton-kernels", "vllm", "flashinfer"],
-        help="triton_kernels, vLLM's Python sources (for vllm-drift), or a FlashInfer release's package (layout "
-        "cross-checks; never installed)",
+    p = sub.add_parser(
+        "fetch", help="put vendor code (triton_kernels, vLLM's sources or runtime, FlashInfer) into the ignored cache"
     )
     p.add_argument(
-        "--vllm-version", default=DEFAULT_VLLM, help="the vLLM release whose wheel vendors it (default %(default)s)"
+        "what", choices=["triton-kernels", "vllm", "vllm-runtime", "flashinfer"],
+        help="triton_kernels, vLLM's Python sources (for vllm-drift), vLLM's carryable runtime (its Python and the "
+        "pure-Python packages its MoE layer imports, ~17 MiB, for a GPU machine without vLLM or network; see "
+        "build-vllm-ops), or a FlashInfer release's package (layout cross-checks; never installed)",
+    )
+    p.add_argument(
+        "--vllm-version",
+        help=f"the vLLM release whose wheel it comes from (default {NEWEST_VLLM} for vllm-runtime, "
+        f"else {DEFAULT_VLLM})",
     )
     p.add_argument("--wheel", metavar="PATH", help="a vLLM wheel already on this machine (no download)")
     p.add_argument(
         "--flashinfer-version", default=NEWEST_FLASHINFER, help="with flashinfer: the release (default %(default)s)"
+    )
+    p.add_argument(
+        "--python-version", metavar="X.Y",
+        help="with vllm-runtime: the GPU machine's Python (default: this one's); its wheels are fetched for it",
+    )
+    p.add_argument(
+        "--platform", default="manylinux_2_28_x86_64",
+        help="with vllm-runtime: the GPU machine's wheel platform tag (default %(default)s)",
     )
     p.add_argument("--if-missing", action="store_true", help="do nothing where it is already in the cache")
     p.set_defaults(fn=_cmd_fetch, parser=p)

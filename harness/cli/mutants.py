@@ -157,7 +157,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--vendor",
         help="mutate a vendor's real kernels instead (harness.audits.mutation): triton (OpenAI triton_kernels, "
-        "on a GPU) or aiter (AITER's Triton a16w4; on a CPU, under Triton's interpreter on gfx942's code path)",
+        "on a GPU), aiter (AITER's Triton a16w4; on a CPU, under Triton's interpreter on gfx942's code path) or "
+        "vllm (vLLM's own weight preparation, through vLLM's layer and the direct adapters; on a GPU)",
     )
     p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
     p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")

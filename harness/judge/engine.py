@@ -309,7 +309,8 @@ def guarded_call(
     does), run twice into poisoned buffers, compare with the oracle under the bound (``bounded``
     if given; a function of the output where the oracle admits alternatives, as an exact routing
     tie does), check the inputs are unchanged, and set ``result``'s outcome, reason and metrics.
-    Returns the first run's output, or None when the backend raised (``result`` is its ERROR).
+    Returns the first run's output, or None when the backend raised (``result`` is its ERROR) or
+    declined the case once it saw it (BackendUnavailable: a SKIP naming why).
     Raises only for the harness's own failures (making the oracle)."""
     d = backend.declaration
     result.build = backend.provenance() or ""
@@ -328,6 +329,12 @@ def guarded_call(
             if out.is_cuda:
                 torch.cuda.synchronize(out.device)
             runs.append(out)
+    except BackendUnavailable as exc:
+        # The backend's own gate, known only once it sees the case (vLLM's oracle refusing or
+        # re-routing a deployment): a SKIP that names it, never a verdict on a kernel not run.
+        result.outcome = "SKIP"
+        result.reason = f"{d.id} cannot run this case: {exc}"
+        return None
     except Exception:
         result.outcome = "ERROR"
         result.reason = "the backend raised"

@@ -282,3 +282,32 @@ AITER_PATCHES: tuple[Patch, ...] = (
               "    return x ^ tl.where((x & tm) != 0, tm, fm)"),),
     ),
 )  # fmt: skip
+
+_VQ = "model_executor/layers/quantization/utils/mxfp4_utils.py"
+_VO = "model_executor/layers/fused_moe/oracle/mxfp4.py"
+_VM = "model_executor/layers/quantization/utils/marlin_utils_fp4.py"
+VLLM_PATCHES: tuple[Patch, ...] = (
+    # One-line bugs in vLLM 0.33.0's own weight preparation (its Python, under vllm/): each changes
+    # what one backend's kernel is fed, never the kernel itself, so the direct adapters (which
+    # convert the weights themselves) must not see it and vLLM's layer must.
+    Patch(
+        "triton-scale-pad-dropped", "scale",
+        "TRITON/TRITON_UNFUSED on Hopper: the MXFP4 scales' K groups no longer padded to a multiple of 4 "
+        "before the swizzle (the fix of vLLM #47303 undone)",
+        (Edit(_VQ, "                pad_k = -K % 4", "                pad_k = 0"),),
+    ),
+    Patch(
+        "flashinfer-w13-unswapped", "layout",
+        "FLASHINFER_CUTLASS_MXFP4_BF16: w13's weights left [w1; w3] where FlashInfer reads [w3; w1] (its "
+        "scales and bias still swapped)",
+        (Edit(_VO, "        w13_weight_swapped = torch.cat([w3_w, w1_w], dim=1)",
+              "        w13_weight_swapped = torch.cat([w1_w, w3_w], dim=1)"),),
+    ),
+    Patch(
+        "marlin-scale-pairs-unpermuted", "scale",
+        "MARLIN: the E8M0 scales' pair permutation for 16-bit activations dropped",
+        (Edit(_VM, "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 2, 1, 3]].view(",
+              "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 1, 2, 3]].view("),),
+    ),
+)  # fmt: skip
+"""Bugs planted in vLLM's own MXFP4 weight preparation (``python -m harness mutants --vendor vllm``)."""

@@ -136,14 +136,6 @@ _ROCM_256_V33 = (
     "alignments for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; "
     "only the padding audit shows less padding than ROCm has"
 )
-_SM12X_TRITON = (
-    "vLLM 0.33.0 also runs the OpenAI Triton kernels on SM12x (_triton_kernel_moe_supports_current_device: "
-    "9.0 <= capability < 13.0), with settings only SM12x gets, to fit its 99 KB of shared memory: the persistent "
-    "kernel with epilogue_subtile=1 (mxfp4_utils._swizzle_mxfp4) and block_m at most 32 before every matmul "
-    "(_constrain_sm12x_block_m). The project's TRITON and TRITON_UNFUSED adapters (kernels/oai_triton.py) do not "
-    "apply them, so the declarations do not claim sm120, and `select` refuses these strings there. `auto` agrees: "
-    "on SM12x vLLM puts TRITON after MARLIN, and so does harness.upstream.selection.gpt_oss_priority"
-)
 KNOWN_V33: dict[Key, str] = {
     **_SHARED,
     ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
@@ -161,10 +153,6 @@ KNOWN_V33: dict[Key, str] = {
     ),
     ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
     **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
-    **_each("selection", ("triton/none", "triton/mxfp8", "triton/fp8"), ("sm120",), _SM12X_TRITON),
-    **_each(
-        "selection", ("triton_unfused/none", "triton_unfused/mxfp8", "triton_unfused/fp8"), ("sm120",), _SM12X_TRITON
-    ),
 }
 """Understood differences from vLLM 0.33.0 (NEWEST_VLLM), the release the declarations and
 ``harness.upstream.selection`` follow: only limitations, each with why it stays (the adapters do not
@@ -186,6 +174,12 @@ _ROCM_256_V26 = (
     "(mxfp4_round_up_hidden_size_and_intermediate_size), as 0.33.0 does: a declaration has one pair of alignments "
     "for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; only the "
     "padding audit shows less padding than ROCm has"
+)
+_SM12X_V26 = (
+    "vLLM 0.26.0 does not run the OpenAI Triton kernels on SM12x: its _triton_kernel_moe_supports_current_device "
+    'keeps 9.0 <= capability < 11.0 on CUDA ("excludes SM120"). 0.33.0, which the declarations follow, widens it '
+    "to < 13.0 with SM12x's own settings (mxfp4_utils._swizzle_mxfp4: is_persistent, epilogue_subtile=1; "
+    "_constrain_sm12x_block_m: block_m at most 32), which the TRITON and TRITON_UNFUSED adapters apply there"
 )
 KNOWN_V26: dict[Key, str] = {
     **_SHARED,
@@ -215,6 +209,8 @@ KNOWN_V26: dict[Key, str] = {
         ("sm90", "sm100", "gfx942", "gfx950"),
         _NO_FALLBACK_V26,
     ),
+    **_each("selection", ("triton/none", "triton/mxfp8", "triton/fp8"), ("sm120",), _SM12X_V26),
+    **_each("selection", ("triton_unfused/none", "triton_unfused/mxfp8", "triton_unfused/fp8"), ("sm120",), _SM12X_V26),
     ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
         "vLLM 0.26.0 pads the TRT-LLM intermediate size to a multiple of 256; 0.33.0, which the declarations follow, "
         "to 128 (mxfp4_round_up_hidden_size_and_intermediate_size)"

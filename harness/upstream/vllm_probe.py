@@ -156,7 +156,7 @@ IMPORT_ONLY_STUBS = {
 import gets a placeholder package (every attribute a placeholder class) instead of failing."""
 
 
-def _placeholder_module(name: str) -> types.ModuleType:
+def placeholder_module(name: str) -> types.ModuleType:
     """A package whose every public attribute is a placeholder class (usable in annotations, ``X | None``,
     base classes and calls), and whose submodules are placeholders too."""
     mod = _stub_module(name)
@@ -186,7 +186,7 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return _placeholder_module(spec.name)
+        return placeholder_module(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
         return None

@@ -108,12 +108,36 @@ def test_each_release_has_its_own_known_differences():
     absent = vd.Drift("backends", "AITER_TRITON_MXFP4_BF16", "*", "declared", "absent", vllm_version=NEWEST_VLLM)
     assert vd.mark_known([absent])[0].known is None
     assert ("backends", "AITER_TRITON_MXFP4_BF16", "*") not in vd.stale_known([absent])
-    assert ("selection", "triton/none", "sm120") in vd.stale_known([absent])
+    assert ("round_up", "TRITON", "gfx942") in vd.stale_known([absent])
     assert not any(vd._PR50622 in reason for reason in vd.known_for(NEWEST_VLLM).values())
     assert vd.known_for(NEWEST_VLLM) is vd.KNOWN is vd.KNOWN_V33 and vd.known_for() is vd.KNOWN
     assert vd.known_for(DEFAULT_VLLM) is vd.KNOWN_V26 and vd.known_for(NEWEST_VLLM + "+cu130") is vd.KNOWN_V33
     assert vd.Drift("backends", "X", "*", "", "").vllm_version == NEWEST_VLLM
     assert set(vd.probe_deps(DEFAULT_VLLM)) < set(vd.probe_deps(NEWEST_VLLM))
+
+
+def test_triton_on_sm12x_is_known_only_where_vllm_does_not_run_it():
+    """The TRITON and TRITON_UNFUSED adapters apply vLLM 0.33.0's SM12x settings and declare sm120: no
+    difference is left there in 0.33.0, and 0.26.0, which does not run them on SM12x
+    (_triton_kernel_moe_supports_current_device below capability 11.0), differs in exactly these."""
+    strings = [f"{s}/{q}" for s in ("triton", "triton_unfused") for q in ("none", "mxfp8", "fp8")]
+    assert not [k for k in vd.KNOWN_V33 if k[2] == "sm120" and k[1].startswith("triton")]
+    assert [k for k in vd.KNOWN_V26 if k[2] == "sm120" and k[1].startswith("triton")] == [
+        ("selection", s, "sm120") for s in strings
+    ]
+    ours = {d.vllm_backend: d for d in DECLARATIONS if d.vllm_backend}
+    assert "sm120" in ours["TRITON"].archs and "sm120" in ours["TRITON_UNFUSED"].archs
+    facts = {**copy.deepcopy(_facts()), "arch": "sm120"}
+    facts["gpt_oss_priority"] = list(vd.gpt_oss_priority("sm120"))
+    facts["selection"] = {"triton": {"none": "TRITON"}, "triton_unfused": {"none": "TRITON_UNFUSED"}}
+    assert not [d for d in vd.compare(facts, DECLARATIONS) if d.kind == "selection"]
+    facts["selection"] = {"triton": {"none": "error: not supported"}}  # as 0.26.0 answers there
+    for version, explained in ((NEWEST_VLLM, False), (DEFAULT_VLLM, True)):
+        rows = vd.mark_known(
+            [d for d in vd.compare({**facts, "vllm_version": version}, DECLARATIONS) if d.kind == "selection"]
+        )
+        assert [(d.subject, d.arch) for d in rows] == [("triton/none", "sm120")]
+        assert bool(rows[0].known) == explained and (not explained or "11.0" in rows[0].known)
 
 
 @pytest.mark.parametrize(

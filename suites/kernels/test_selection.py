@@ -76,6 +76,17 @@ def test_sm12x_tries_triton_after_marlin_sm120():
     assert _pick(arch="sm120", activation_quant="mxfp8").chosen.vllm_backend == "FLASHINFER_CUTLASS_MXFP4_MXFP8"
 
 
+@pytest.mark.parametrize("moe_backend, expected", [("triton", "TRITON"), ("triton_unfused", "TRITON_UNFUSED")])
+@pytest.mark.parametrize("quant", [None, "mxfp8", "fp8"])
+def test_explicit_triton_runs_on_sm12x_sm120(moe_backend, expected, quant):
+    """vLLM 0.33.0 runs the OpenAI Triton kernels on SM12x (_triton_kernel_moe_supports_current_device:
+    9.0 <= capability < 13.0), asked for by name; `auto` still prefers MARLIN there. 0.26.0 did not
+    (its window ends at 11.0: a KNOWN_V26 difference). Not run on an SM12x GPU."""
+    sel = _pick(arch="sm120", moe_backend=moe_backend, activation_quant=quant)
+    assert sel.chosen.vllm_backend == expected and sel.bf16_fallback == (quant is not None)
+    assert _pick(arch="sm120").chosen.vllm_backend == "MARLIN"
+
+
 @pytest.mark.parametrize(
     "arch, moe_backend, quant, expected",
     [

@@ -1,7 +1,9 @@
 """The vendor adapters: run and passing where this host can run them, SKIP reasons elsewhere; lazy imports, the fetch
 of OpenAI triton_kernels out of a vLLM wheel, the pure-torch parts of the triton_kernels and
 FlashInfer adapters (bit matrix, the SM90 layouts of each FlashInfer generation, enum members by
-name), and the vLLM layer driver's mapping. What needs a GPU ran on the H200 (issue 6 note)."""
+name), the vLLM layer driver's mapping, and the triton_kernels adapters' opt-flag constraints and
+layouts on each CUDA arch against vLLM 0.33.0's own functions (SM12x's from vLLM's code: no SM12x GPU
+ran them). What needs a GPU ran on the H200 (issue 6 note)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ def test_vendor_backends_run_where_they_can_and_skip_with_the_reason_elsewhere(b
             assert (result.outcome, result.reason) == ("SKIP", declined)
         elif arch != host_arch:
             assert (result.outcome, result.reason) == ("SKIP", f"needs {arch} hardware; this host is {host_arch}")
+        elif result.outcome == "SKIP" and result.reason.startswith(f"{d.id} cannot run this case: "):
+            # It loaded, and declined once it saw the case (vLLM's oracle refusing a deployment):
+            # the kernel did not run, and the reason is the backend's own.
+            assert len(result.reason) > len(f"{d.id} cannot run this case: ") and not result.metrics.elements
         elif result.outcome == "SKIP":
             assert result.reason.startswith(f"{d.id} cannot run here: "), result.reason
             with pytest.raises((ImportError, BackendUnavailable)):
@@ -311,3 +317,233 @@ def test_triton_kernels_has_what_the_adapters_call_and_reads_our_weights_as_decl
     hopper = tk.layout.HopperMXValueLayout
     swizzled = tk.tensor.convert_layout(w13, hopper, mx_axis=1)
     assert list(swizzled.shape) == [e, h, 2 * i]
+
+
+# --- SM12x (and every CUDA arch): the opt-flag constraints and layouts against vLLM 0.33.0's own code ---
+# vLLM's functions are taken out of its fetched sources (python -m harness fetch vllm --vllm-version 0.33.0)
+# by name and run here, on a fake CUDA platform of each capability, with triton_kernels' calls recorded:
+# nothing of vLLM is imported. No SM12x GPU ran any of it; these check the settings, not the kernels' results.
+
+_VLLM_TRITON_MOE = "vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py"
+_VLLM_MXFP4_UTILS = "vllm/model_executor/layers/quantization/utils/mxfp4_utils.py"
+_CUDA_CAPS = {"sm90": (9, 0), "sm100": (10, 0), "sm120": (12, 0), "sm121": (12, 1)}
+
+
+def _vllm_source(rel: str) -> Path:
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
+    from mxmoe.harness.upstream.vllm_drift import vllm_root
+
+    return vllm_root(NEWEST_VLLM) / rel
+
+
+_needs_vllm_and_tk = pytest.mark.skipif(
+    not (
+        _cached_triton_kernels()
+        and _vllm_source(_VLLM_TRITON_MOE).is_file()
+        and _vllm_source(_VLLM_MXFP4_UTILS).is_file()
+    ),
+    reason="needs vLLM 0.33.0's sources and triton_kernels (python -m harness fetch vllm --vllm-version 0.33.0; "
+    "python -m harness fetch triton-kernels; ./dev does both without a GPU)",
+)
+
+
+class _FakeCuda:
+    """vLLM's ``current_platform`` on a CUDA device of capability CAP, as far as these functions ask."""
+
+    def __init__(self, cap: tuple[int, int]):
+        self.cap = cap
+
+    def is_cuda(self):
+        return True
+
+    def is_rocm(self):
+        return False
+
+    def is_device_capability(self, capability):  # vLLM's Platform.is_device_capability
+        return self.cap == capability if isinstance(capability, tuple) else self.cap[0] * 10 + self.cap[1] == capability
+
+    def is_device_capability_family(self, capability):  # vLLM's Platform.is_device_capability_family
+        return (self.cap[0] * 10 + self.cap[1]) // 10 == capability // 10
+
+
+def _vllm_defs(rel: str, names: tuple[str, ...], namespace: dict) -> dict:
+    """The top-level functions and assignments NAMES of vLLM's source REL, executed in NAMESPACE."""
+    import ast
+
+    path = _vllm_source(rel)
+    tree = ast.parse(path.read_text())
+
+    def name(node: ast.stmt) -> str | None:
+        if isinstance(node, ast.FunctionDef):
+            return node.name
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            return node.targets[0].id
+        return None
+
+    nodes = [n for n in tree.body if name(n) in names]
+    assert sorted(name(n) for n in nodes) == sorted(names), f"{path} no longer defines {names}"
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture
+def recorded_tk(monkeypatch):
+    """The fetched triton_kernels, with the opt-flag constraints recorded instead of set and the
+    layout conversions recorded instead of done; the CUDA capability its default layouts see is
+    ``tk.cap``."""
+    from mxmoe.kernels.oai_triton import _load_modules
+
+    tk = _load_modules()
+    tk.constraints, tk.conversions, tk.cap = [], [], (9, 0)
+    monkeypatch.setattr(tk.opt_flags, "update_opt_flags_constraints", lambda c: tk.constraints.append(dict(c)))
+
+    def convert(t, layout, **opts):
+        tk.conversions.append((t.storage.data.clone(), tuple(t.shape), t.dtype, layout, opts))
+        return t
+
+    monkeypatch.setattr(tk.tensor, "convert_layout", convert)
+    monkeypatch.setattr(tk.layout, "cuda_capability_geq", lambda major, minor=0: tk.cap >= (major, minor))
+    monkeypatch.setattr(tk.layout, "is_hip_cdna4", lambda: False)
+    return tk
+
+
+@_needs_vllm_and_tk
+@pytest.mark.parametrize("arch", sorted(_CUDA_CAPS))
+def test_weight_swizzle_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk, monkeypatch):
+    """The adapter's weight conversion on ARCH makes the calls vLLM 0.33.0's ``mxfp4_utils._swizzle_mxfp4``
+    makes on a device of that capability (triton_kernels v3.5.1, torch >= 2.8.1): the same opt-flag
+    constraints (split_k = 1 on Hopper; is_persistent with epilogue_subtile = 1 on SM10x and SM12x),
+    the same layouts and options (Hopper's, else Blackwell's, which SM12x gets too), on the same
+    tensors (Hopper's scale groups padded to a multiple of 4). sm90 included: it must stay as it was."""
+    from mxmoe.kernels import oai_triton
+
+    tk = recorded_tk
+    tk.cap = _CUDA_CAPS[arch]
+    fail = lambda: pytest.fail("a ROCm-only helper was called on CUDA")  # noqa: E731
+    ns = _vllm_defs(
+        _VLLM_MXFP4_UTILS,
+        ("should_use_gfx1250_mx_scale_swizzle", "_swizzle_mxfp4"),
+        {
+            "Any": object, "torch": torch, "current_platform": _FakeCuda(tk.cap), "logger": None,
+            "has_triton_kernels": lambda: True, "get_triton_kernels_version": lambda: "3.5.1",
+            "is_torch_equal_or_newer": lambda v: True, "should_use_cdna4_mx_scale_swizzle": fail,
+        },
+    )  # fmt: skip
+    inputs = make_inputs(make_case("gptoss20b", 1, tp=4), "cpu")  # H/32 = 90 scale groups: Hopper pads them
+    backend = OaiTriton()
+    backend._tk = tk
+    t = backend.convert_weights(inputs).tensors
+    got, want = [], []
+    monkeypatch.setattr(oai_triton, "host_arch", lambda: arch)
+    for role in ("w13", "w2"):
+        tk.constraints, tk.conversions = [], []
+        backend._swizzle(t[f"{role}_blocks"], t[f"{role}_scales"], inputs.case)
+        got.append((tk.constraints, tk.conversions))
+        tk.constraints, tk.conversions = [], []
+        # vLLM's checkpoint memory: [E, N, K/2] blocks and [E, N, K/32] scales
+        ns["_swizzle_mxfp4"](t[f"{role}_blocks"].transpose(-2, -1), t[f"{role}_scales"].transpose(-2, -1))
+        want.append((tk.constraints, tk.conversions))
+    for (gc, gconv), (wc, wconv) in zip(got, want):
+        assert gc == wc and gc == [oai_triton.swizzle_constraints(arch)]
+        assert [c[1:] for c in gconv] == [c[1:] for c in wconv]  # shape, dtype, layout, options
+        assert all(torch.equal(g[0], w[0]) and g[0].stride() == w[0].stride() for g, w in zip(gconv, wconv))
+    blackwell = (tk.layout.BlackwellMXValueLayout, tk.layout.BlackwellMXScaleLayout)
+    hopper = (tk.layout.HopperMXValueLayout, tk.layout.HopperMXScaleLayout)
+    assert tuple(c[3] for c in got[0][1]) == (hopper if arch == "sm90" else blackwell)
+
+
+@_needs_vllm_and_tk
+@pytest.mark.parametrize("arch", sorted(_CUDA_CAPS))
+def test_block_m_per_call_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk):
+    """``call_constraints`` against vLLM 0.33.0's ``_constrain_sm12x_block_m`` (with its ``_is_sm12x``,
+    ``_sm12x_block_m`` and ``_SM12X_MAX_BLOCK_M``) on a device of ARCH's capability: block_m pinned
+    on SM12x only (sm120, sm121), nothing on sm90 or sm100, for decode to prefill row counts."""
+    import functools
+
+    import triton
+
+    from mxmoe.kernels.oai_triton import SM12X_MAX_BLOCK_M, call_constraints
+
+    tk = recorded_tk
+    ns = _vllm_defs(
+        _VLLM_TRITON_MOE,
+        ("_is_sm12x", "_SM12X_MAX_BLOCK_M", "_sm12x_block_m", "_constrain_sm12x_block_m"),
+        {"functools": functools, "triton": triton, "current_platform": _FakeCuda(_CUDA_CAPS[arch])},
+    )
+    assert ns["_SM12X_MAX_BLOCK_M"] == SM12X_MAX_BLOCK_M
+    for rows in (1, 2, 4, 7, 16, 31, 32, 33, 64, 100, 128, 255, 256, 1000, 4096, 8192, 65536):
+        for experts in (1, 3, 4, 8, 32, 128):
+            tk.constraints = []
+            ns["_constrain_sm12x_block_m"](rows, experts)
+            want = tk.constraints[0] if tk.constraints else {}
+            assert len(tk.constraints) <= 1 and call_constraints(arch, rows, experts) == want, (rows, experts)
+    assert bool(call_constraints(arch, 64, 4)) == arch.startswith("sm12")
+
+
+@pytest.mark.skipif(not _vllm_source(_VLLM_TRITON_MOE).is_file(), reason="vLLM 0.33.0's sources are not fetched")
+def test_vllm_pins_block_m_before_the_first_matmul_of_both_triton_paths():
+    """Where vLLM 0.33.0 calls ``_constrain_sm12x_block_m``: with (M * topk, E), before the first
+    ``matmul_ogs`` of ``triton_kernel_fused_experts`` (TRITON, both kernel classes) and of
+    ``UnfusedOAITritonExperts.apply`` (TRITON_UNFUSED), M the tokens and E the local experts
+    (``E, _, N = w1.shape``). The adapters call ``constrain_call`` at the same point (next test)."""
+    import ast
+
+    tree = ast.parse(_vllm_source(_VLLM_TRITON_MOE).read_text())
+    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    unfused = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "UnfusedOAITritonExperts")
+    where = {
+        "triton_kernel_fused_experts": funcs["triton_kernel_fused_experts"],
+        "UnfusedOAITritonExperts.apply": next(n for n in unfused.body if getattr(n, "name", "") == "apply"),
+    }
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "_constrain_sm12x_block_m"
+    ]
+    assert len(calls) == len(where)
+    for fn in where.values():
+        body = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+        pins = [n for n in body if getattr(n.func, "id", "") == "_constrain_sm12x_block_m"]
+        first_matmul = min(n.lineno for n in body if getattr(n.func, "id", "") == "matmul_ogs")
+        assert len(pins) == 1 and [ast.unparse(a) for a in pins[0].args] == ["M * topk", "E"]
+        assert pins[0].lineno < first_matmul
+        assert "E, _, N = w1.shape" in ast.unparse(fn)
+
+
+class _FirstMatmul(Exception):
+    pass
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100", "sm120", "gfx950"])
+@pytest.mark.parametrize("adapter", [OaiTriton, OaiTritonUnfused], ids=lambda c: c.declaration.id)
+def test_adapters_pin_block_m_before_their_first_matmul_on_sm12x_only(adapter, arch, monkeypatch):
+    """On the host's arch, read at run time: before GEMM1, the constraints ``call_constraints`` gives
+    for tokens x top-k rows over the local experts (block_m on SM12x), and none elsewhere, so that
+    sm90's calls are exactly as before. triton_kernels is faked: this checks the calls only."""
+    from types import SimpleNamespace
+
+    from mxmoe.kernels import oai_triton
+    from mxmoe.kernels.oai_triton import Prepared, call_constraints
+
+    monkeypatch.setattr(oai_triton, "host_arch", lambda: arch)
+    case = make_case("gptoss20b", 7)
+    inputs = make_inputs(case, "cpu")
+    tokens, experts, seen = inputs.x.shape[0], 8, {}
+    constraints: list[dict] = []
+
+    def matmul_ogs(*args, **kwargs):
+        seen["constraints"] = list(constraints)
+        raise _FirstMatmul
+
+    mo = SimpleNamespace(matmul_ogs=matmul_ogs, FusedActivation=lambda *a: None, FnSpecs=lambda *a: None)
+    tk = SimpleNamespace(
+        matmul_ogs=mo, swiglu=SimpleNamespace(swiglu_fn=None),
+        opt_flags=SimpleNamespace(update_opt_flags_constraints=lambda c: constraints.append(dict(c))),
+    )  # fmt: skip
+    w13 = torch.zeros(experts, 8, 16)
+    prepared = Prepared(w13, None, None, None, None, None, hidden=8, experts=experts, tk=tk)
+    x = torch.zeros(tokens, 8, dtype=torch.bfloat16)
+    monkeypatch.setattr(adapter, "begin", lambda self, p, i: (None, None, None, None, x))
+    with pytest.raises(_FirstMatmul):
+        adapter().run(prepared, inputs, torch.empty(tokens, 8, dtype=torch.bfloat16))
+    want = call_constraints(arch, tokens * case.top_k, experts)
+    assert seen["constraints"] == ([want] if want else [])
+    assert bool(want) == (arch == "sm120")

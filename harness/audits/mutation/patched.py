@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mxmoe.harness.audits.catalogue import PEER_RULES, Row
-from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, Patch, PatchError, replace_line
+from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Patch, PatchError, replace_line
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,27 @@ def _aiter_dir() -> Path:
     )
 
 
+def _vllm_dir() -> Path:
+    """vLLM's package folder: an installed vLLM's, else the project's runtime's (unpacked)."""
+    import importlib.util
+
+    from mxmoe.harness.upstream.vllm_runtime import installed_vllm, unpack
+
+    found = installed_vllm()
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    return unpack() / "vllm"
+
+
+VLLM_BACKENDS = ("vllm-triton", "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin", "triton",
+                 "triton-unfused", "flashinfer-cutlass-mxfp4-bf16")  # fmt: skip
+"""vLLM's layer for each backend it runs on Hopper, and the direct adapters of the same kernels (which
+convert the weights themselves: a planted bug in vLLM's preparation must reach only the former)."""
+
+
 VENDORS: dict[str, Vendor] = {
     "triton": Vendor("triton", "triton_kernels", ("triton", "triton-unfused"), TRITON_PATCHES, _triton_kernels_dir),
     "aiter": Vendor(
@@ -76,6 +97,7 @@ VENDORS: dict[str, Vendor] = {
         env=(("AITER_TRITON_ONLY", "1"),), interpret_as="gfx942",
         target_modules=("aiter.ops.triton.utils._triton.arch_info",),
     ),
+    "vllm": Vendor("vllm", "vllm", VLLM_BACKENDS, VLLM_PATCHES, _vllm_dir),
 }  # fmt: skip
 
 
