@@ -119,11 +119,15 @@ def cross(vllm: Backend, adapter: Backend, case: Case, arch: str | None = None) 
         row.verdict = "both"
         row.detail = f"vLLM's layer: {rv.reason}; the adapter: {ra.reason}"
     else:
-        farther = "vLLM's layer" if (row.vllm_worst or 0) > (row.adapter_worst or 0) else "the adapter"
+        key_v = (row.vllm_worst or 0.0, rv.metrics.rms_rel_err)
+        key_a = (row.adapter_worst or 0.0, ra.metrics.rms_rel_err)
+        farther = ("vLLM's layer is farther from the oracle" if key_v > key_a else
+                   "the adapter is farther from the oracle" if key_a > key_v else
+                   "neither is farther from the oracle")  # fmt: skip
+        farther += f" (by worst ratio, then RMS relative error: {key_v[1]:.4g} vs {key_a[1]:.4g})"
         row.verdict = "rounding"
         row.detail = (f"both within the bound (worst {row.vllm_worst:.3g}x through vLLM, {row.adapter_worst:.3g}x "
-                      f"direct): {row.differing} elements differ in rounding; {farther} is farther "
-                      "from the oracle")  # fmt: skip
+                      f"direct): {row.differing} elements differ in rounding; {farther}")  # fmt: skip
     return row
 
 

@@ -21,6 +21,11 @@ def _fetched(args: argparse.Namespace) -> Path | None:
 
     if args.what == "vllm":
         return vllm_root(args.vllm_version) if vllm_fetched(args.vllm_version) else None
+    if args.what == "vllm-source":
+        from mxmoe.harness.upstream.vllm_ops import source_tarball
+
+        tar = source_tarball(args.vllm_version)
+        return tar if tar.is_file() else None
     if args.what == "vllm-runtime":
         from mxmoe.harness.upstream.vllm_runtime import runtime_fetched, runtime_root
 
@@ -44,13 +49,13 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     from mxmoe.harness.upstream.vllm_drift import fetch_vllm
 
     if args.vllm_version is None:
-        args.vllm_version = NEWEST_VLLM if args.what == "vllm-runtime" else DEFAULT_VLLM
+        args.vllm_version = NEWEST_VLLM if args.what in ("vllm-runtime", "vllm-source") else DEFAULT_VLLM
     if args.python_version is not None and not re.fullmatch(r"3\.\d+", args.python_version):
         raise UsageError(f"--python-version: a Python version such as 3.12, not {args.python_version!r}")
     if args.wheel and not os.path.isfile(args.wheel):
         raise UsageError(f"--wheel: no such file {args.wheel!r}")
-    if args.wheel and args.what == "flashinfer":
-        raise UsageError("--wheel: a vLLM wheel; flashinfer is fetched from PyPI")
+    if args.wheel and args.what in ("flashinfer", "vllm-source"):
+        raise UsageError(f"--wheel: a vLLM wheel; {args.what} is fetched from PyPI")
     wheel = Path(args.wheel) if args.wheel else None
     if args.if_missing and (found := _fetched(args)) is not None:
         print(f"{args.what}: already fetched, at {found}")
@@ -62,6 +67,11 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         elif args.what == "flashinfer":
             path = fetch_flashinfer(args.flashinfer_version)
             print(f"flashinfer-python {args.flashinfer_version}'s package is at {path} (layout cross-checks)")
+        elif args.what == "vllm-source":
+            from mxmoe.harness.upstream.vllm_ops import fetch_source
+
+            path = fetch_source(args.vllm_version)
+            print(f"vLLM {args.vllm_version}'s source package is at {path} (build-vllm-ops reads its csrc/)")
         elif args.what == "vllm-runtime":
             from mxmoe.harness.upstream.vllm_runtime import fetch_runtime
 
@@ -90,10 +100,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "fetch", help="put vendor code (triton_kernels, vLLM's sources or runtime, FlashInfer) into the ignored cache"
     )
     p.add_argument(
-        "what", choices=["triton-kernels", "vllm", "vllm-runtime", "flashinfer"],
+        "what", choices=["triton-kernels", "vllm", "vllm-runtime", "vllm-source", "flashinfer"],
         help="triton_kernels, vLLM's Python sources (for vllm-drift), vLLM's carryable runtime (its Python and the "
-        "pure-Python packages its MoE layer imports, ~17 MiB, for a GPU machine without vLLM or network; see "
-        "build-vllm-ops), or a FlashInfer release's package (layout cross-checks; never installed)",
+        "packages its MoE layer imports, ~25 MiB, for a GPU machine without vLLM or network), vLLM's source package "
+        "(what build-vllm-ops compiles), or a FlashInfer release's package (layout cross-checks; never installed)",
     )
     p.add_argument(
         "--vllm-version",
