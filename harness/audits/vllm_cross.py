@@ -86,7 +86,8 @@ def _side(backend: Backend, case: Case, arch: str, inputs: CaseInputs) -> tuple[
 
 
 def _worst(r: Result) -> float | None:
-    return r.metrics.worst_ratio if r.metrics is not None else None
+    """The worst error/bound of a side that ran (None for one that did not)."""
+    return r.metrics.worst_ratio if r.metrics.elements else None
 
 
 def cross(vllm: Backend, adapter: Backend, case: Case, arch: str | None = None) -> CrossRow:
@@ -106,7 +107,7 @@ def cross(vllm: Backend, adapter: Backend, case: Case, arch: str | None = None) 
     if row.differing == 0 and not (bad_v or bad_a):
         row.verdict, row.detail = "identical", "bit for bit"
         return row
-    if row.differing == 0:
+    if row.differing == 0 and bad_v and bad_a:
         row.verdict = "both"
         row.detail = f"identical outputs, both {rv.outcome}: {rv.reason}"
     elif bad_v and not bad_a:

@@ -438,6 +438,12 @@ def load(version: str = NEWEST_VLLM, arch: str = "sm90") -> dict[str, object] | 
     record = built_record(version, arch)
     if record is None:
         return None
+    r = record["recipe"]
+    if record["hash"] != recipe_hash(recipe(version, arch, str(r["torch"]), str(r["nvcc"]))):
+        raise BuildError(
+            f"the vLLM ops build at {build_root(version, arch)} is of another recipe (hash {record['hash']}): "
+            f"rebuild with `python -m harness build-vllm-ops --vllm-version {version} --arch {arch}`"
+        )
     built_torch = str(record["recipe"]["torch"]).split("+")[0]
     running = torch.__version__.split("+")[0]
     if _release(built_torch) > _release(running):

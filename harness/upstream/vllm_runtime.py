@@ -14,8 +14,10 @@ network:
 - ``runtime.json``: what is in it.
 
 ``boot`` makes it importable in this process, on CUDA: it unpacks the runtime once (beside it,
-``site/``), puts that folder LAST on ``sys.path`` (an installed package always wins; torch and
-triton are never replaced), and arranges, before the first ``import vllm``:
+``site/``), puts that folder first on ``sys.path`` (it holds only vLLM and the pinned
+``RUNTIME_DEPS``, never torch, triton or numpy, so those stay the installed ones; the pinned
+packages shadow installed copies of themselves in this process; nothing is installed into the
+environment), and arranges, before the first ``import vllm``:
 
 - ``vllm._C_stable_libtorch`` and ``vllm._moe_C_stable_libtorch`` (the compiled extensions vLLM
   imports to register its ops): modules that load the project's build of the ops, where built;
@@ -174,17 +176,24 @@ def unpack(version: str = NEWEST_VLLM) -> Path:
         )
     if stamp.is_file() and stamp.read_text() == manifest:
         return site
-    tmp = site.with_name(site.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(root / "vllm-py.tar.gz") as tar:
-        tar.extractall(tmp, filter="data")
-    for whl in sorted((root / "wheels").glob("*.whl")):
-        with zipfile.ZipFile(whl) as z:
-            z.extractall(tmp)
-    (tmp / ".unpacked").write_text(manifest)
-    shutil.rmtree(site, ignore_errors=True)
-    tmp.rename(site)
+    import fcntl
+
+    site.parent.mkdir(parents=True, exist_ok=True)
+    with open(site.with_name(site.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # worker processes booting at once: one unpacks, the others wait
+        if stamp.is_file() and stamp.read_text() == manifest:
+            return site
+        tmp = site.with_name(site.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with tarfile.open(root / "vllm-py.tar.gz") as tar:
+            tar.extractall(tmp, filter="data")
+        for whl in sorted((root / "wheels").glob("*.whl")):
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(tmp)
+        (tmp / ".unpacked").write_text(manifest)
+        shutil.rmtree(site, ignore_errors=True)
+        tmp.rename(site)
     return site
 
 

@@ -325,3 +325,34 @@ def test_a_bound_that_is_not_finite_is_an_error_never_a_pass(bad, host_arch, hos
     assert result.reason.startswith("1 of 448 elements have no finite error bound or error/bound ratio")
     wrong, _ = run_case(Raises(), CASE, host_arch)
     assert wrong.outcome == "ERROR" and not harness_error(wrong)  # the backend's own failure is one
+
+
+class DeclinesOnSight(Emulation):
+    """Sees the case only in ``convert`` and declines it there (as vLLM's oracle re-routing a
+    deployment does): the engine's SKIP, naming why."""
+
+    declaration = _declare("declines-on-sight")
+
+    def convert(self, inputs):
+        from mxmoe.harness.contract.backend import BackendUnavailable
+
+        raise BackendUnavailable(f"vLLM selects MARLIN for T={inputs.case.tokens}, not this backend")
+
+
+class ConvertRaises(Emulation):
+    declaration = _declare("convert-raises")
+
+    def convert(self, inputs):
+        raise RuntimeError("the weight conversion broke")
+
+
+def test_a_backend_declining_the_case_in_convert_is_a_skip_naming_why_and_a_crash_there_an_error(host_arch):
+    declined, inputs = run_case(DeclinesOnSight(), CASE, host_arch)
+    assert declined.outcome == "SKIP"
+    assert declined.reason == "declines-on-sight cannot run this case: vLLM selects MARLIN for T=7, not this backend"
+    assert declined.metrics.elements == 0 and inputs is not None  # the inputs were made; nothing was judged
+    assert not declined.traceback
+    crashed, _ = run_case(ConvertRaises(), CASE, host_arch)
+    assert (crashed.outcome, crashed.reason) == ("ERROR", "the backend raised")
+    assert crashed.metrics.elements == 0
+    assert "RuntimeError: the weight conversion broke" in crashed.traceback and "in convert" in crashed.traceback

@@ -13,7 +13,7 @@ import torch
 
 from mxmoe.harness.audits.mutation.patched import VENDORS, PatchError, apply, vendor
 from mxmoe.harness.upstream.fetch import VendorMissing
-from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, Edit, Patch
+from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Edit, Patch, replace_line
 
 
 @pytest.mark.parametrize("patches", [TRITON_PATCHES, AITER_PATCHES], ids=["triton", "aiter"])
@@ -29,8 +29,53 @@ def test_each_vendor_has_eight_or_more_one_line_patches_across_the_kernel(patche
 def test_patch_and_vendor_reject_unknown_names():
     with pytest.raises(ValueError, match="category must be one of"):
         Patch("x", "epilogue", "?", (Edit("a.py", "a", "b"),))
-    with pytest.raises(ValueError, match="--vendor must be one of triton, aiter"):
+    with pytest.raises(ValueError, match="--vendor must be one of triton, aiter, vllm; got 'flashinfer'"):
         vendor("flashinfer")
+
+
+def test_the_vllm_patches_are_one_line_edits_of_its_weight_preparation_run_by_its_layer_and_the_adapters():
+    """vLLM's patches change its Python weight preparation, one line per file; the vendor runs them
+    through vLLM's layer (``vllm-X``) and through the direct adapter of each same kernel (``X``),
+    which must not see them."""
+    v = VENDORS["vllm"]
+    assert (v.package, v.patches) == ("vllm", VLLM_PATCHES)
+    slugs = [p.slug for p in VLLM_PATCHES]
+    assert len(slugs) == len(set(slugs)) >= 3
+    for p in VLLM_PATCHES:
+        assert p.edits and all(e.old != e.new and "\n" not in e.old + e.new for e in p.edits), p.slug
+        assert all(e.file.startswith("model_executor/") and e.file.endswith(".py") for e in p.edits), p.slug
+        assert len({e.file for e in p.edits}) == len(p.edits), f"{p.slug}: one line per file"
+    drivers = {b for b in v.backends if b.startswith("vllm-")}
+    assert drivers and {b.removeprefix("vllm-") for b in drivers} <= set(v.backends)
+
+
+@pytest.mark.parametrize("name", sorted(VENDORS))
+def test_every_vendor_runs_registered_backends(name):
+    from mxmoe.harness.run.registry import discover
+
+    registered = {item.backend.declaration.id for item in discover()}
+    assert set(VENDORS[name].backends) <= registered, set(VENDORS[name].backends) - registered
+
+
+VLLM_TESTED = "0.33.0"
+"""The vLLM release VLLM_PATCHES are written against."""
+
+
+def test_every_vllm_patch_applies_to_the_release_it_is_written_for():
+    """Each edit's old line occurs exactly once in vLLM 0.33.0's own sources (``fetch vllm
+    --vllm-version 0.33.0``, the drift check's copy), whatever the runtime at hand is."""
+    from mxmoe.harness.upstream.vllm_drift import vllm_root
+
+    pkg = vllm_root(VLLM_TESTED) / "vllm"
+    if not (pkg / "__init__.py").is_file():
+        pytest.skip(f"vLLM {VLLM_TESTED}'s sources are not fetched: python -m harness fetch vllm --vllm-version "
+                    f"{VLLM_TESTED}")  # fmt: skip
+    for p in VLLM_PATCHES:
+        for e in p.edits:
+            text = (pkg / e.file).read_text()
+            patched = replace_line(text, e, f"patch {p.slug}")
+            changed = [(a, b) for a, b in zip(text.split("\n"), patched.split("\n")) if a != b]
+            assert changed == [(e.old, e.new)], p.slug
 
 
 def _package(tmp_path: Path) -> Path:
@@ -70,7 +115,7 @@ def test_a_patch_that_does_not_apply_exactly_names_file_and_line(tmp_path, edit,
 def test_every_patch_applies_to_the_vendor_source_at_hand(name, tmp_path):
     v = VENDORS[name]
     try:
-        src = v.locate()
+        src = v.locate()  # vLLM's: the runtime's, unpacked on first use (under unpack's lock)
     except VendorMissing as exc:
         pytest.skip(f"{name}'s source is not here: {exc}")
     for p in v.patches:
