@@ -43,6 +43,8 @@ from mxmoe.harness.contract.convert import to_layout
 from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.reference.moe import round_to
 
+GPT_OSS_SWIGLU = ("swigluoai", 1.702, 1.0, 7.0)
+"""(activation, alpha, beta, limit) that vLLM's GPT-OSS MXFP4 method passes to every kernel."""
 ACTIVATION_KEYS = {"w4a16": None, "w4a8-mxfp8": "kMxfp8Dynamic", "w4a8-fp8": "kFp8StaticTensorSym"}
 """A declaration's quant scheme, to the name of vLLM's activation ``QuantKey`` it asks for."""
 MOE_BACKEND_STRINGS = {
@@ -106,11 +108,29 @@ class VllmLayer(VendorKernel):
     vLLM's call would otherwise start an hour of nvcc where it is not built."""
     flashinfer_build: dict[str, object] | None = None
 
+    base_backend: ClassVar[type | None] = None
+    """The project's direct adapter of the same kernel: its shape limits are the kernel's, and hold
+    for vLLM's call of it too (TRITON on Hopper: N >= 128 in both GEMMs, or matmul_ogs fails a
+    compile-time assertion with vLLM's Hopper scale layout)."""
+
     def supports(self, case: Case, arch: str) -> str | None:
-        """As declared; one rank without expert parallelism."""
+        """As declared; one rank without expert parallelism; GPT-OSS's swiglu (vLLM's
+        ``GptOssMxfp4MoEMethod.get_fused_moe_quant_config`` passes alpha 1.702, beta 1 and limit 7 to
+        every kernel, whatever the model: another activation or constant cannot be expressed through
+        it); the direct adapter's limits of the same kernel."""
+        d = self.declaration
         reason = super().supports(case, arch)
         if reason is None and case.ep > 1:
-            return f"{self.declaration.id}: the vLLM driver runs one rank without expert parallelism"
+            return f"{d.id}: the vLLM driver runs one rank without expert parallelism"
+        if reason is None and (case.activation, case.alpha, case.beta, case.limit) != GPT_OSS_SWIGLU:
+            return (
+                f"{d.id}: vLLM's GptOssMxfp4MoEMethod runs GPT-OSS's swigluoai (alpha 1.702, beta 1, limit 7) only; "
+                f"this case is {case.activation} (alpha {case.alpha}, beta {case.beta}, limit {case.limit})"
+            )
+        if reason is None and self.base_backend is not None:
+            base = self.base_backend().supports(case, arch)
+            if base:
+                return f"{d.id}: the same kernel's limit: {base}"
         return reason
 
     def load(self) -> None:
@@ -264,6 +284,7 @@ def _make(name: str, base_path: str) -> type:
             "storage": base.storage,
             "declaration": _driven(base, vb),
             "jit_modules": getattr(base, "jit_modules", None),
+            "base_backend": base,
         },
     )
 

@@ -14,8 +14,12 @@ import torch
 from mxmoe.harness.audits.vllm_cross import BLAMING, PREFIX, CrossRow, cross, pairs
 from mxmoe.harness.contract.backend import BackendUnavailable
 from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.harness.instruments.honest import HonestBf16Gemm, HonestFp32
 
+HOST = host_arch()
+OTHER = "gfx950" if HOST != "gfx950" else "sm90"
+"""An architecture this host is not (a side declared only for it does not run here)."""
 CASE = make_case("tiny", 7)
 
 
@@ -117,11 +121,11 @@ def test_both_within_the_bound_but_different_is_rounding_naming_the_side_farther
 
 
 def test_a_side_that_does_not_run_the_case_is_not_compared_with_the_reason():
-    skipped = cross(side(HonestFp32, "vllm-x", archs=("sm90",)), side(HonestFp32, "x"), CASE, "cpu")
+    skipped = cross(side(HonestFp32, "vllm-x", archs=(OTHER,)), side(HonestFp32, "x"), CASE, HOST)
     assert (skipped.verdict, skipped.vllm_outcome, skipped.adapter_outcome) == ("not compared", "SKIP", "PASS")
     assert skipped.differing is None
-    assert skipped.detail == "vllm-x SKIP: vllm-x does not run on cpu (declared: sm90)"
-    declined = cross(side(HonestFp32, "vllm-x"), side(DeclinesInConvert, "x"), CASE, "cpu")
+    assert skipped.detail == f"vllm-x SKIP: vllm-x does not run on {HOST} (declared: {OTHER})"
+    declined = cross(side(HonestFp32, "vllm-x"), side(DeclinesInConvert, "x"), CASE, HOST)
     assert (declined.verdict, declined.adapter_outcome, declined.differing) == ("not compared", "SKIP", None)
     assert declined.detail == "x SKIP: x cannot run this case: vLLM selects MARLIN here"
     assert declined.verdict not in BLAMING
@@ -134,7 +138,7 @@ def test_identical_outputs_where_only_one_side_fails_blame_that_side():
 
 
 def test_a_side_that_did_not_run_has_no_worst_ratio():
-    row = cross(side(HonestFp32, "vllm-x", archs=("sm90",)), side(HonestFp32, "x"), CASE, "cpu")
+    row = cross(side(HonestFp32, "vllm-x", archs=(OTHER,)), side(HonestFp32, "x"), CASE, HOST)
     assert row.vllm_worst is None
 
 

@@ -214,7 +214,11 @@ def boots(tmp_path_factory) -> dict[str, dict]:
     copy = tmp / "copy"
     # the site's compiled modules come along (except any being written this moment)
     shutil.copytree(site / "vllm", copy / "vllm", ignore=shutil.ignore_patterns("*.pyc.*"))
-    env = os.environ | {"VLLM_LOGGING_LEVEL": "ERROR"}
+    import mxmoe
+
+    here = str(Path(mxmoe.__file__).resolve().parents[1])  # the checkout (or site-packages) holding mxmoe
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env = os.environ | {"VLLM_LOGGING_LEVEL": "ERROR", "PYTHONPATH": path}
     procs = {
         name: subprocess.Popen(
             [sys.executable, str(script), arg, *LAYER_MODULES],
