@@ -32,6 +32,16 @@ NEWEST_VLLM = "0.33.0"
 TRITON_KERNELS_IN_WHEEL = "vllm/third_party/triton_kernels/"
 
 
+def release(version: str) -> tuple[int, ...]:
+    """``"0.33.0+cu130"`` -> (0, 33, 0); parts that are not numbers end it."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
 class VendorMissing(Exception):
     """Vendor code that is neither installed nor cached; the message says how to get it."""
 

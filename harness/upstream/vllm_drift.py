@@ -40,7 +40,14 @@ from pathlib import Path
 
 from mxmoe.harness.contract.backend import Declaration
 from mxmoe.harness.contract.padding import round_up
-from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM, VendorMissing, cache_dir, download_vllm_wheel
+from mxmoe.harness.upstream.fetch import (
+    DEFAULT_VLLM,
+    NEWEST_VLLM,
+    VendorMissing,
+    cache_dir,
+    download_vllm_wheel,
+    release,
+)
 from mxmoe.harness.upstream.selection import (
     GPT_OSS_PRIORITY,
     MOE_BACKENDS,
@@ -67,7 +74,7 @@ PROBE_DEPS_SINCE = {
 def probe_deps(version: str = DEFAULT_VLLM) -> tuple[str, ...]:
     """The packages ``fetch_vllm`` installs for VERSION's probe: PROBE_DEPS and those every release up to
     VERSION added."""
-    added = [d for since, deps in PROBE_DEPS_SINCE.items() if _release(since) <= _release(version) for d in deps]
+    added = [d for since, deps in PROBE_DEPS_SINCE.items() if release(since) <= release(version) for d in deps]
     return PROBE_DEPS + tuple(dict.fromkeys(added))
 
 
@@ -235,21 +242,11 @@ KNOWN = KNOWN_BY_VERSION[NEWEST_VLLM]
 """Those of NEWEST_VLLM, the release the declarations follow (``vllm-drift``'s default)."""
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """``"0.33.0+cu130"`` -> (0, 33, 0); parts that are not numbers end it."""
-    out = []
-    for part in version.split("+")[0].split("."):
-        if not part.isdigit():
-            break
-        out.append(int(part))
-    return tuple(out)
-
-
 def known_for(version: str = NEWEST_VLLM) -> dict[Key, str]:
     """KNOWN for VERSION: its own entries, or else those of the newest release listed before it
     (a newer vLLM is checked against the last reasons, and their staleness shows what changed)."""
-    by_release = {_release(v): known for v, known in KNOWN_BY_VERSION.items()}
-    want = _release(version)
+    by_release = {release(v): known for v, known in KNOWN_BY_VERSION.items()}
+    want = release(version)
     if want in by_release:
         return by_release[want]
     older = [r for r in by_release if r < want]
@@ -421,7 +418,7 @@ def stale_known(drifts: list[Drift], version: str | None = None) -> list[Key]:
     one the drifts came from (NEWEST_VLLM when there are none: pass VERSION then)."""
     versions = {version} if version else {d.vllm_version for d in drifts} or {NEWEST_VLLM}
     stale: list[Key] = []
-    for v in sorted(versions, key=_release):
+    for v in sorted(versions, key=release):
         mine = [d for d in drifts if d.vllm_version == v] if not version else drifts
         hit = {(d.kind, d.subject, d.arch) for d in mine} | {(d.kind, d.subject, "*") for d in mine}
         stale += [k for k in known_for(v) if k not in hit and k not in stale]

@@ -56,7 +56,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing, cache_dir
+from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing, cache_dir, release
 
 LIBRARY = "mxmoe_vllm_ops"
 """The library's name (``lib<LIBRARY>.so`` is what ``load`` passes to ``torch.ops.load_library``)."""
@@ -446,11 +446,7 @@ def load(version: str = NEWEST_VLLM, arch: str = "sm90") -> dict[str, object] | 
         )
     built_torch = str(record["recipe"]["torch"]).split("+")[0]
     running = torch.__version__.split("+")[0]
-    if _release(built_torch) > _release(running):
+    if release(built_torch) > release(running):
         raise BuildError(f"the vLLM ops were built against torch {built_torch}; this is torch {running}")
     torch.ops.load_library(str(library_path(version, arch)))
     return record
-
-
-def _release(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
