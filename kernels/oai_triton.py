@@ -38,7 +38,9 @@ weight, stored in bf16 before the float32 top-k sum; the routing weights in bf16
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,7 +48,7 @@ from typing import Any
 
 import torch
 
-from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration, VendorKernel
+from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration, Tactic, VendorKernel
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.convert import padded_sizes
 from mxmoe.harness.contract.inputs import CaseInputs
@@ -61,6 +63,22 @@ OAI_TRITON_ARCHS = ("sm90", "sm100", "sm120", "gfx942", "gfx950")
 """Where vLLM 0.33.0 runs the OpenAI Triton kernels and these adapters follow it
 (``_triton_kernel_moe_supports_current_device``: CUDA 9.0 <= capability < 13.0, ROCm gfx9). sm120
 follows vLLM's code only: it has not been run on hardware."""
+_BLOCK_M_ARCHS = tuple(a for a in OAI_TRITON_ARCHS if a != "sm120")
+TRITON_TACTICS = (
+    *(Tactic(f"bm{m}", (("block_m", m),), OAI_TRITON_ARCHS if m <= 32 else _BLOCK_M_ARCHS,
+             f"block_m {m}: triton_kernels' heuristic picks max(16, min(next_pow2(tokens per expert), 128)) on "
+             "NVIDIA, so every case size meets one of 16..128" + (" (SM12x caps it at 32)" if m <= 32 else ""))
+      for m in (16, 32, 64, 128)),
+    *(Tactic(f"splitk{k}", (("split_k", k),), OAI_TRITON_ARCHS,
+             f"split-K {k}: compute_split_k's pick when the grid is smaller than the GPU (few tokens); vLLM pins "
+             "split_k 1 on Hopper only, triton_kernels' other callers do not")
+      for k in (2, 4)),
+)  # fmt: skip
+"""The opt-flag configurations triton_kernels' ``make_opt_flags`` may pick for these calls, each
+forced through ``update_opt_flags_constraints`` (``OaiTritonBase.constrained``). Not declared:
+``is_persistent`` on Hopper (``InapplicableConstraint`` there: the TMA path it needs is off for
+these layouts, measured on an H200) and block_k (picked from K and the dtypes alone, one value per
+layer here)."""
 SM12X_MAX_BLOCK_M = 32
 """vLLM 0.33.0's ``_SM12X_MAX_BLOCK_M`` (``gpt_oss_triton_kernels_moe``): with block_m >= 64 the
 persistent MXFP4 kernel fits one pipeline stage in SM12x's 99 KB of shared memory."""
@@ -285,13 +303,26 @@ class OaiTritonBase(VendorKernel):
         zero-padded to the converted hidden size."""
         return (*self.route(prepared, inputs), inputs.padded_x(prepared.hidden))
 
-    @staticmethod
-    def constrain_call(prepared: Prepared, tokens: int, top_k: int) -> None:
-        """Before a forward's first matmul: the opt-flag constraints vLLM sets on this host's arch
-        (``call_constraints``: on SM12x, block_m for tokens x top-k rows over the local experts)."""
-        constraints = call_constraints(host_arch(), tokens * top_k, prepared.experts)
-        if constraints:
-            prepared.tk.opt_flags.update_opt_flags_constraints(constraints)
+    @contextlib.contextmanager
+    def constrained(self, prepared: Prepared, tokens: int, top_k: int) -> Iterator[None]:
+        """Around a forward's matmuls: the opt-flag constraints vLLM sets on this host's arch
+        (``swizzle_constraints``; ``call_constraints``: on SM12x, block_m for tokens x top-k rows
+        over the local experts), then the forced tactic's settings over them. triton_kernels keeps
+        its constraints in one module-wide dict, which vLLM's own layer reads too, so the dict is
+        put back as it was afterwards: a tactic never leaks into another backend's call."""
+        flags = prepared.tk.opt_flags
+        before = dict(flags._opt_flags_constraints)
+        arch = host_arch()
+        wanted = {**swizzle_constraints(arch), **call_constraints(arch, tokens * top_k, prepared.experts)}
+        if self.tactic is not None:
+            wanted.update(self.tactic.as_dict())
+        flags.reset_opt_flags_constraints()
+        flags.update_opt_flags_constraints({**before, **wanted})
+        try:
+            yield
+        finally:
+            flags.reset_opt_flags_constraints()
+            flags.update_opt_flags_constraints(before)
 
 
 def pack_topk_bits(ids: torch.Tensor, experts: int) -> torch.Tensor:
@@ -324,6 +355,7 @@ def _triton_declaration(
         bias_dtype="fp32",
         router_weight_on_input=False,
         vllm_backend=vllm_backend,
+        tactics=TRITON_TACTICS,
         arithmetic=Arithmetic(
             precision=Precision(
                 intermediate="bf16", expert_output="bf16", routing_weights="bf16", output=torch.bfloat16
@@ -364,17 +396,17 @@ class OaiTriton(OaiTritonBase):
             mo.FnSpecs("swiglu", tk.swiglu.swiglu_fn, ("alpha", "limit")), (float(case.alpha), case.limit or None), 2
         )
         inter = poisoned((1, t * case.top_k, n // 2), torch.bfloat16, x.device)
-        self.constrain_call(prepared, t, case.top_k)
-        mo.matmul_ogs(
-            x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13,
-            fused_activation=act, y=inter,
-        )  # fmt: skip
         direct = out.dtype == torch.bfloat16 and prepared.hidden == out.shape[1] and out.is_contiguous()
         y = out.view(1, t, -1) if direct else poisoned((1, t, prepared.hidden), torch.bfloat16, x.device)
-        mo.matmul_ogs(
-            inter.view(t * case.top_k, n // 2), prepared.w2, prepared.b2, rd, scatter_indx=scatter,
-            precision_config=prepared.pc2, gammas=rd.gate_scal, y=y,
-        )  # fmt: skip
+        with self.constrained(prepared, t, case.top_k):
+            mo.matmul_ogs(
+                x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13,
+                fused_activation=act, y=inter,
+            )  # fmt: skip
+            mo.matmul_ogs(
+                inter.view(t * case.top_k, n // 2), prepared.w2, prepared.b2, rd, scatter_indx=scatter,
+                precision_config=prepared.pc2, gammas=rd.gate_scal, y=y,
+            )  # fmt: skip
         if not direct:
             out.copy_(y[0, :, : out.shape[1]])
 

@@ -29,7 +29,7 @@ from mxmoe.harness.contract.backend import Arithmetic, Declaration
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.harness.judge.engine import poisoned
-from mxmoe.kernels.oai_triton import OAI_TRITON_ARCHS, OaiTritonBase, Prepared
+from mxmoe.kernels.oai_triton import OAI_TRITON_ARCHS, TRITON_TACTICS, OaiTritonBase, Prepared
 from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import Precision
 
@@ -57,6 +57,7 @@ class OaiTritonUnfused(OaiTritonBase):
         bias_dtype="fp32",
         router_weight_on_input=False,
         vllm_backend="TRITON_UNFUSED",
+        tactics=TRITON_TACTICS,
         arithmetic=Arithmetic(
             precision=Precision(
                 gemm1_output="bf16",
@@ -77,16 +78,17 @@ class OaiTritonUnfused(OaiTritonBase):
         t, n = x.shape[0], prepared.w13.shape[-1]
         k = prepared.hidden
         gemm1 = poisoned((1, t * case.top_k, n), torch.bfloat16, x.device)
-        self.constrain_call(prepared, t, case.top_k)
-        mo.matmul_ogs(x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13, y=gemm1)
-        act_in = gemm1.view(-1, n)[gather.dst_indx.to(torch.int64)]
-        act = unfused_activation(act_in, case, self.declaration.w13_layout)
-        rd.n_expts_act = 1  # one row per (token, slot): the sum over the top-k is done below
         rows = poisoned((1, t * case.top_k, k), torch.bfloat16, x.device)
-        mo.matmul_ogs(
-            act[gather.src_indx.to(torch.int64)], prepared.w2, prepared.b2, rd, scatter_indx=scatter,
-            precision_config=prepared.pc2, gammas=rd.gate_scal, y=rows,
-        )  # fmt: skip
+        with self.constrained(prepared, t, case.top_k):
+            mo.matmul_ogs(x, prepared.w13, prepared.b13, rd, gather_indx=gather, precision_config=prepared.pc13,
+                          y=gemm1)  # fmt: skip
+            act_in = gemm1.view(-1, n)[gather.dst_indx.to(torch.int64)]
+            act = unfused_activation(act_in, case, self.declaration.w13_layout)
+            rd.n_expts_act = 1  # one row per (token, slot): the sum over the top-k is done below
+            mo.matmul_ogs(
+                act[gather.src_indx.to(torch.int64)], prepared.w2, prepared.b2, rd, scatter_indx=scatter,
+                precision_config=prepared.pc2, gammas=rd.gate_scal, y=rows,
+            )  # fmt: skip
         rows = rows.view(t, case.top_k, k).float()
         valid = (ids >= 0).view(t, case.top_k, 1)
         summed = torch.where(valid, rows, torch.zeros_like(rows)).sum(dim=1)

@@ -14,13 +14,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mxmoe.harness.diagnosis.explain import summarize
     from mxmoe.harness.judge.engine import failure_message, test_id
     from mxmoe.harness.run.profiles import profile_cases
-    from mxmoe.harness.run.registry import select
+    from mxmoe.harness.run.registry import select, with_tactics
     from mxmoe.harness.run.results import Recorder, replay_command
     from mxmoe.harness.run.sweep import Progress, Sweep, worst_ratio
 
     arch = args.arch or host_arch()
     try:
-        backends = select(discover(args), tuple(args.backend))
+        backends = with_tactics(select(discover(args), tuple(args.backend)), args.tactics)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     cases = profile_cases(args.profile)
@@ -106,6 +106,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help=BACKEND_FILE_HELP,
     )
     p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument(
+        "--tactics", default="default", metavar="default|all|NAME,...",
+        help="also run each backend under its declared tactics (each a backend <id>-tactic-<name>): 'all' or "
+        "names (default: each kernel's own pick only)",
+    )  # fmt: skip
     p.add_argument("--arch", type=arch, help="architecture token of the test ids (default: this host's)")
     p.add_argument(
         "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"

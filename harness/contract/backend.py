@@ -58,6 +58,38 @@ class Arithmetic:
             raise ValueError(f"Arithmetic.precision must be a Precision, got {type(self.precision).__name__}")
 
 
+TACTIC_SELECTIONS = ("default", "all")
+"""``--tactics`` values besides a list of tactic names: the kernel's own pick only, or that and
+every declared tactic."""
+
+
+@dataclass(frozen=True)
+class Tactic:
+    """One configuration a kernel may pick for a call (its autotuner's or heuristic's choice):
+    a name (an id token), the settings the adapter forces (for triton_kernels, opt-flag
+    constraints), the architectures where the kernel can pick it, and why it is declared. The
+    engine runs a case under each declared tactic as a backend of its own (``with_tactic``), so a
+    tactic that corrupts the output is named by its test id."""
+
+    name: str
+    settings: tuple[tuple[str, object], ...]
+    archs: tuple[str, ...]
+    why: str
+
+    def __post_init__(self) -> None:
+        import re
+
+        if not re.fullmatch(r"[a-z0-9]+", self.name):
+            raise ValueError(f"Tactic.name must be one lower-case token [a-z0-9]+, got {self.name!r}")
+        bad = [a for a in self.archs if a not in ARCHS]
+        if bad or not self.archs:
+            raise ValueError(f"Tactic.archs must be a non-empty subset of {', '.join(ARCHS)}; got {self.archs}")
+
+    def as_dict(self) -> dict[str, object]:
+        """The settings as keyword values."""
+        return dict(self.settings)
+
+
 @dataclass(frozen=True)
 class XFail:
     """A known upstream failure: cases matching ``when`` (Case field -> required value) are
@@ -108,6 +140,9 @@ class Declaration:
     device_archs: tuple[str, ...] = ()
     """Where the vendor kernel family loads at all, if wider than ``archs`` (where it takes MXFP4):
     AITER's CK MoE runs on gfx942 but declines the MXFP4 scheme there."""
+    tactics: tuple[Tactic, ...] = ()
+    """The configurations the kernel may pick besides what it picks by itself for a case
+    (``check --tactics all`` runs each); empty where the adapter cannot force one."""
 
     def __post_init__(self) -> None:
         import re
@@ -137,6 +172,9 @@ class Declaration:
             raise ValueError(f"Declaration.w13_layout must be one of {', '.join(LAYOUTS)}; got {self.w13_layout!r}")
         if self.kind not in KINDS:
             raise ValueError(f"Declaration.kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        names = [t.name for t in self.tactics]
+        if len(set(names)) != len(names) or "default" in names or "all" in names:
+            raise ValueError(f"Declaration.tactics must have distinct names, none 'default' or 'all'; got {names}")
 
 
 class BackendUnavailable(Exception):
@@ -151,6 +189,25 @@ class Backend:
     declaration: ClassVar[Declaration]
     storage: ClassVar[tuple[Storage, ...]] = ()
     """The backend's storage steps after row layout and padding (``harness.contract.convert``)."""
+    tactic: Tactic | None = None
+    """The tactic this instance forces (``with_tactic``); None: the kernel's own pick."""
+
+    def with_tactic(self, name: str) -> None:
+        """Force the declared tactic ``name`` on this instance: its declaration becomes
+        ``<id>-tactic-<name>`` of the tactic's architectures, so every verdict names the tactic.
+        A ValueError names the declared ones otherwise."""
+        import dataclasses
+
+        d = type(self).declaration
+        found = {t.name: t for t in d.tactics}
+        if name not in found:
+            raise ValueError(f"tactic must be one of {', '.join(found) or '(none declared)'} for {d.id}; got {name!r}")
+        t = found[name]
+        self.tactic = t
+        archs = tuple(a for a in d.archs if a in t.archs) or t.archs
+        self.declaration = dataclasses.replace(  # type: ignore[misc]  # an instance's own declaration
+            d, id=f"{d.id}-tactic-{name}", archs=archs, description=f"{d.description}; tactic {name}: {t.why}"
+        )
 
     def supports(self, case: Case, arch: str) -> str | None:
         """None if this backend applies to ``case`` on ``arch``, else the reason it does not.

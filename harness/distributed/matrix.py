@@ -85,7 +85,7 @@ def jobs(declared: dict[str, tuple[str, ...]] | None = None) -> list[Job]:
                 jid = f"{arch}-{group}-{i + 1}of{k}"
                 selection = " ".join(f"--backend {b}" for b in ids)
                 cmd = (f"./dev py -m pytest suites/engine/test_differential.py --profile nightly -n auto -k {arch} "
-                       f"{selection} --shard {i}/{k} --results results/{jid}")  # fmt: skip
+                       f"{selection} --tactics all --shard {i}/{k} --results results/{jid}")  # fmt: skip
                 out.append(Job(jid, arch, "suite", RUNNER_GPUS, (cmd,)))
         backends = [b for b in DIST_BACKENDS if arch in declared.get(b, ())]
         if not backends:

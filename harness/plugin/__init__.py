@@ -36,7 +36,7 @@ from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.diagnosis.explain import summarize
 from mxmoe.harness.judge.engine import Result, failure_message, run_case, test_id
 from mxmoe.harness.run.profiles import PROFILES, profile_cases
-from mxmoe.harness.run.registry import Loaded, discover, select
+from mxmoe.harness.run.registry import Loaded, discover, select, with_tactics
 
 for _name, _examples in (("pr", 25), ("nightly", 400)):
     settings.register_profile(
@@ -134,6 +134,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="I/K",
         help="run shard I of K (0 <= I < K) of the differential tests, chosen by a hash of the test id (so "
         "the split does not depend on collection order); other tests run in shard 0 only",
+    )
+    group.addoption(
+        "--tactics",
+        default="default",
+        metavar="default|all|NAME,...",
+        help="also run each backend under its declared tactics (kernel configurations): 'all', or names; "
+        "default: each kernel's own pick only",
     )
     group.addoption(
         "--profile",
@@ -253,7 +260,8 @@ def selected_backends(config: pytest.Config) -> list[Loaded]:
     if _SELECTED not in config.stash:
         try:
             loaded = discover(tuple(config.getoption("--backend-file")))
-            config.stash[_SELECTED] = select(loaded, tuple(config.getoption("--backend")))
+            chosen = select(loaded, tuple(config.getoption("--backend")))
+            config.stash[_SELECTED] = with_tactics(chosen, config.getoption("--tactics"))
         except ValueError as exc:  # a pattern matching nothing, or two backends with one id
             raise pytest.UsageError(str(exc)) from None
     return config.stash[_SELECTED]

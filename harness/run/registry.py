@@ -91,8 +91,24 @@ def _instantiate(spec: str, cls: object) -> Backend:
     return cls()
 
 
+TACTIC_MARK = "#tactic="
+"""What a spec carries after the class to force one of its declared tactics:
+``kernels.oai_triton:OaiTriton#tactic=bm64`` (``with_tactics``)."""
+
+
 def load_spec(spec: str) -> Loaded:
-    """Load ``module.path:Class`` or ``file.py:Class``; failures become a BrokenBackend."""
+    """Load ``module.path:Class`` or ``file.py:Class`` (with ``#tactic=NAME``: that declared tactic
+    forced); failures become a BrokenBackend."""
+    if TACTIC_MARK in spec:
+        base, _, name = spec.partition(TACTIC_MARK)
+        loaded = load_spec(base)
+        if isinstance(loaded.backend, BrokenBackend):
+            return loaded
+        try:
+            loaded.backend.with_tactic(name)
+        except Exception:
+            return Loaded(BrokenBackend(spec, traceback.format_exc()), spec)
+        return Loaded(loaded.backend, f"{loaded.spec}{TACTIC_MARK}{name}")
     try:
         target, _, cls_name = spec.rpartition(":")
         if not target or not cls_name:
@@ -147,3 +163,27 @@ def select(loaded: list[Loaded], patterns: tuple[str, ...] = ()) -> list[Loaded]
             raise ValueError(f"--backend {pat!r} matches no backend; available: {ids}")
         chosen.extend(h for h in hits if h not in chosen)
     return chosen
+
+
+def with_tactics(loaded: list[Loaded], tactics: str = "default") -> list[Loaded]:
+    """``loaded`` with their declared tactics: ``default`` adds none (each kernel picks its own),
+    ``all`` adds every declared tactic of each backend after it, and a comma-separated list of
+    names adds those (a name no selected backend declares is an error listing the declared ones).
+    Each tactic is a backend of its own, ``<id>-tactic-<name>``."""
+    if tactics == "default":
+        return list(loaded)
+    wanted = None if tactics == "all" else [t for t in tactics.split(",") if t]
+    declared = {t.name for item in loaded for t in item.backend.declaration.tactics}
+    unknown = sorted(set(wanted or ()) - declared)
+    if unknown or wanted == []:
+        raise ValueError(f"--tactics must be 'default', 'all' or names the selected backends declare "
+                         f"({', '.join(sorted(declared)) or 'none'}); got {tactics!r}")  # fmt: skip
+    out = []
+    for item in loaded:
+        out.append(item)
+        if item.spec.count(TACTIC_MARK):
+            continue
+        for t in item.backend.declaration.tactics:
+            if wanted is None or t.name in wanted:
+                out.append(load_spec(f"{item.spec}{TACTIC_MARK}{t.name}"))
+    return out

@@ -512,38 +512,67 @@ class _FirstMatmul(Exception):
     pass
 
 
+@pytest.mark.parametrize("tactic", [None, "splitk2", "bm64"])
 @pytest.mark.parametrize("arch", ["sm90", "sm100", "sm120", "gfx950"])
 @pytest.mark.parametrize("adapter", [OaiTriton, OaiTritonUnfused], ids=lambda c: c.declaration.id)
-def test_adapters_pin_block_m_before_their_first_matmul_on_sm12x_only(adapter, arch, monkeypatch):
-    """On the host's arch, read at run time: before GEMM1, the constraints ``call_constraints`` gives
-    for tokens x top-k rows over the local experts (block_m on SM12x), and none elsewhere, so that
-    sm90's calls are exactly as before. triton_kernels is faked: this checks the calls only."""
+def test_adapters_pin_block_m_before_their_first_matmul_on_sm12x_only(adapter, arch, tactic, monkeypatch):
+    """On the host's arch, read at run time: at GEMM1, the constraints ``swizzle_constraints`` and
+    ``call_constraints`` give for tokens x top-k rows over the local experts (block_m on SM12x
+    only), with a forced tactic's settings over them; afterwards triton_kernels' module-wide
+    constraints are as they were (a tactic must not leak into vLLM's own layer, which reads the
+    same dict). triton_kernels is faked: this checks the calls only."""
     from types import SimpleNamespace
 
     from mxmoe.kernels import oai_triton
-    from mxmoe.kernels.oai_triton import Prepared, call_constraints
+    from mxmoe.kernels.oai_triton import Prepared, call_constraints, swizzle_constraints
 
     monkeypatch.setattr(oai_triton, "host_arch", lambda: arch)
-    case = make_case("gptoss20b", 7)
+    case = make_case("tiny", 7)
     inputs = make_inputs(case, "cpu")
     tokens, experts, seen = inputs.x.shape[0], 8, {}
-    constraints: list[dict] = []
+    flags = SimpleNamespace(_opt_flags_constraints={"num_stages": 3})
+    flags.update_opt_flags_constraints = lambda c: flags._opt_flags_constraints.update(c)
+    flags.reset_opt_flags_constraints = lambda: setattr(flags, "_opt_flags_constraints", {})
 
     def matmul_ogs(*args, **kwargs):
-        seen["constraints"] = list(constraints)
+        seen["constraints"] = dict(flags._opt_flags_constraints)
         raise _FirstMatmul
 
     mo = SimpleNamespace(matmul_ogs=matmul_ogs, FusedActivation=lambda *a: None, FnSpecs=lambda *a: None)
-    tk = SimpleNamespace(
-        matmul_ogs=mo, swiglu=SimpleNamespace(swiglu_fn=None),
-        opt_flags=SimpleNamespace(update_opt_flags_constraints=lambda c: constraints.append(dict(c))),
-    )  # fmt: skip
+    tk = SimpleNamespace(matmul_ogs=mo, swiglu=SimpleNamespace(swiglu_fn=None), opt_flags=flags)
     w13 = torch.zeros(experts, 8, 16)
     prepared = Prepared(w13, None, None, None, None, None, hidden=8, experts=experts, tk=tk)
     x = torch.zeros(tokens, 8, dtype=torch.bfloat16)
     monkeypatch.setattr(adapter, "begin", lambda self, p, i: (None, None, None, None, x))
+    backend = adapter()
+    if tactic:
+        backend.with_tactic(tactic)
+        assert backend.declaration.id == f"{adapter.declaration.id}-tactic-{tactic}"
     with pytest.raises(_FirstMatmul):
-        adapter().run(prepared, inputs, torch.empty(tokens, 8, dtype=torch.bfloat16))
+        backend.run(prepared, inputs, torch.empty(tokens, 8, dtype=torch.bfloat16))
     want = call_constraints(arch, tokens * case.top_k, experts)
-    assert seen["constraints"] == ([want] if want else [])
+    forced = backend.tactic.as_dict() if tactic else {}
+    assert seen["constraints"] == {"num_stages": 3, **swizzle_constraints(arch), **want, **forced}
     assert bool(want) == (arch == "sm120")
+    assert flags._opt_flags_constraints == {"num_stages": 3}
+
+
+def test_a_tactic_is_a_backend_of_its_own_and_unknown_ones_are_refused():
+    """``with_tactics``: default adds nothing, ``all`` every declared tactic after its backend,
+    names only those; the spec carries the tactic into a worker process; an unknown name is an
+    error listing the declared ones."""
+    from mxmoe.harness.run.registry import load_spec, with_tactics
+
+    base = [load_spec("mxmoe.kernels.oai_triton:OaiTriton"), load_spec("mxmoe.kernels.emulation:Emulation")]
+    assert with_tactics(base) == base
+    every = with_tactics(base, "all")
+    ids = [item.backend.declaration.id for item in every]
+    assert ids[0] == "triton" and ids[-1] == base[1].backend.declaration.id
+    assert ids[1:-1] == [f"triton-tactic-{t.name}" for t in OaiTriton.declaration.tactics]
+    again = load_spec(every[1].spec)
+    assert again.backend.declaration.id == ids[1] and again.backend.tactic == every[1].backend.tactic
+    assert [i.backend.declaration.id for i in with_tactics(base, "splitk2")][1] == "triton-tactic-splitk2"
+    with pytest.raises(ValueError, match="bm16"):
+        with_tactics(base, "nosuch")
+    assert "sm120" not in load_spec("mxmoe.kernels.oai_triton:OaiTriton#tactic=bm64").backend.declaration.archs
+    assert type(load_spec("mxmoe.kernels.oai_triton:OaiTriton#tactic=nosuch").backend).__name__ == "BrokenBackend"
