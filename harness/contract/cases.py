@@ -18,12 +18,20 @@ from mxmoe.reference.activation import ACTIVATIONS, GPT_OSS_ALPHA, GPT_OSS_BETA,
 from mxmoe.reference.mxfp4 import BLOCK
 from mxmoe.reference.routing import ROUTING_METHODS
 
-INPUT_DISTRIBUTIONS = ("normal", "wide")
-"""``normal``: trained-like weights (scale bytes 118..124) and activations; ``wide``: scale
-exponents over a wide range (per row and per block) and token magnitudes spread over 2^-8..2^8."""
-SKEWS = ("uniform", "hot", "sparse")
+INPUT_DISTRIBUTIONS = ("normal", "wide", "trained")
+"""``normal``: trained-like weights (scale bytes 118..124) and activations, biases of unit size;
+``wide``: scale exponents over a wide range (per row and per block) and token magnitudes spread
+over 2^-8..2^8; ``trained``: as normal, with biases the size of the products they are added to
+(``harness.contract.inputs``), where a dropped or misassigned bias is far above rounding."""
+SKEWS = ("uniform", "hot", "sparse", "negative", "neartie", "balanced")
 """``uniform``: tie-free random routing; ``hot``: every token's first choice is one expert;
-``sparse``: the odd-numbered experts get no tokens."""
+``sparse``: the odd-numbered experts get no tokens; ``negative``: every logit below zero (a
+kernel that starts its max at 0, not -inf, routes elsewhere: FlashInfer #2822, vLLM #37605);
+``neartie``: every token's logits one bfloat16 ulp apart (a bf16 top-k or softmax reorders
+them); ``balanced``: every expert gets exactly T * k / E tokens (a count one over a tile size
+is where a kernel's last, padded tile breaks: AITER #3538)."""
+NEARTIE_MAX_EXPERTS = 128
+"""``neartie`` puts the E logits in one binade, spaced by its bfloat16 ulp: at most 2^7 of them."""
 
 _LAYOUT_TOKEN = {
     "interleaved": "interleaved",
@@ -169,6 +177,15 @@ class Case:
             raise bad(
                 "skew", f"not 'sparse' when top_k={self.top_k} exceeds the {(self.experts + 1) // 2} even experts"
             )
+        if self.skew == "neartie" and self.experts > NEARTIE_MAX_EXPERTS:
+            raise bad("skew", f"not 'neartie' with more than {NEARTIE_MAX_EXPERTS} experts ({self.experts})")
+        if self.skew == "balanced":
+            if (self.tokens * self.top_k) % self.experts:
+                raise bad("skew", f"'balanced' only where tokens x top_k ({self.tokens} x {self.top_k}) is a multiple "
+                                  f"of experts={self.experts}")  # fmt: skip
+            if self.n_group is not None or self.correction_bias:
+                raise bad("skew", "'balanced' only with an ungrouped selection on the logits (no groups or correction "
+                                  "bias)")  # fmt: skip
         if not 0 <= self.tp_rank < self.tp:
             raise bad("tp_rank", f"in 0..tp-1={self.tp - 1}")
         lo, hi = tp_shard(self.intermediate, self.tp, self.tp_rank)

@@ -171,6 +171,9 @@ def _layer_weights(case: Case, device: str | torch.device) -> MoEWeights:
     e, h, i = case.experts, case.hidden, case.intermediate
     if case.inputs == "normal":
         return random_mxfp4_weights(gen, e, h, i, bias=case.bias, w13_layout=case.layout, device=device)
+    if case.inputs == "trained":
+        return _trained_biases(random_mxfp4_weights(gen, e, h, i, bias=case.bias, w13_layout=case.layout,
+                                                    device=device))  # fmt: skip
     w = random_mxfp4_weights(gen, e, h, i, bias=case.bias, w13_layout=case.layout, device=device)
 
     def wide(scales: torch.Tensor) -> torch.Tensor:
@@ -190,6 +193,29 @@ def _layer_weights(case: Case, device: str | torch.device) -> MoEWeights:
         w.w2_bias,
         w.w13_layout,
     )
+
+
+TRAINED_SCALE_BYTES = (118, 124)
+"""The scale bytes ``random_mxfp4_weights`` draws by default, from which ``_trained_biases`` sizes
+the biases."""
+_FP4_MEAN_SQUARE = sum(v * v for v in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)) / 8
+"""E[v^2] of an E2M1 value whose 16 codes are equally likely (the sign does not matter)."""
+
+
+def _trained_biases(w: MoEWeights) -> MoEWeights:
+    """The biases rescaled to the size of what they are added to, as in a trained layer: b13 to
+    the standard deviation of x W13 for unit-variance x (sqrt(H) times the weights' RMS), b2 to
+    that of a W2 for an activation of that size (sqrt(I) times the RMS, times b13's scale). The
+    RMS follows from the codes and scale bytes' uniform draw. A rule, not a checkpoint's measured
+    statistics: no checkpoint is read."""
+    if w.w13_bias is None:
+        return w
+    lo, hi = TRAINED_SCALE_BYTES
+    rms = math.sqrt(_FP4_MEAN_SQUARE * sum(4.0 ** (b - 127) for b in range(lo, hi + 1)) / (hi - lo + 1))
+    s13 = math.sqrt(w.hidden_size) * rms
+    s2 = math.sqrt(w.intermediate_size) * rms * s13
+    return dataclasses.replace(w, w13_bias=(w.w13_bias.float() * s13).to(torch.bfloat16),
+                               w2_bias=(w.w2_bias.float() * s2).to(torch.bfloat16))  # fmt: skip
 
 
 def _shard(case: Case, w: MoEWeights) -> MoEWeights:
@@ -240,6 +266,21 @@ def _logits(case: Case, gen: torch.Generator, rows: int, device: str | torch.dev
     elif case.skew == "sparse":
         # the odd experts sink below every even one; ties among them cannot reach the top k
         logits[:, 1::2] -= 8.0
+    elif case.skew == "negative":
+        # the same tie-free levels, shifted below zero: the largest is -step
+        logits = logits - (logits.amax(dim=1, keepdim=True) + logit_step(e))
+    elif case.skew == "neartie":
+        # the levels in [1, 2), one bf16 ulp (2^-7) apart: exact in bf16, distinct, nearly tied
+        order = torch.argsort(torch.rand(rows, e, generator=gen, device=device), dim=1)
+        logits = 1.0 + order.to(torch.float32) * 2.0**-7
+    elif case.skew == "balanced":
+        # token t's top k are experts (t k + j) mod E, above every other level, in a random order:
+        # with T k a multiple of E every expert gets exactly T k / E tokens
+        k = case.top_k
+        start = seed_for(case.tokens_key + "-balanced") % e
+        chosen = (start + torch.arange(rows, device=device).unsqueeze(1) * k + torch.arange(k, device=device)) % e
+        lift = torch.zeros_like(logits).scatter_(1, chosen, 1.0)
+        logits = logits + lift * (e * logit_step(e))
     return logits.to(torch.bfloat16).to(torch.float32)
 
 
@@ -284,6 +325,10 @@ def _draw(case: Case, device: str | torch.device) -> CaseInputs:
         bad = torch.nonzero(margin < MIN_ROUTING_MARGIN).flatten().tolist()
         if not bad:
             break
+        if case.skew == "balanced":  # a redrawn token would leave the balance
+            raise AssertionError(f"{case.id}: 'balanced' routing leaves tokens {bad[:8]} within "
+                                 f"{MIN_ROUTING_MARGIN} of a tie under {case.routing}: give it a logit-ordered "
+                                 "routing")  # fmt: skip
         for t in bad:
             logits[t] = _logits(case, generator_for(f"{case.tokens_key}-token{t}-redraw{attempt}", device), 1, device)[
                 0

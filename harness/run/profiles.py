@@ -8,14 +8,16 @@ run where is decided by the backends' declarations and the host, never by the li
 * ``nightly``: a grid over the same structures with many more token counts, distributions and
   seeds (replicas), plus the production shapes (gpt-oss-20b and -120b, DeepSeek-V3) at
   T = 1, 7, 128, 4096 (gpt-oss under both Renormalize and RenormalizeNaive), gpt-oss TP and EP
-  shards, meant for GPUs.
+  shards, and where tiles break at gpt-oss's shapes: T = 127, 129, 255, 257, 4095, 4097, every
+  expert one over a block (17, 65, 129 tokens each), hot, sparse (experts with no tokens),
+  all-negative and near-tied logits, and trained-size biases; meant for GPUs.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from mxmoe.harness.contract.cases import Case, make_case
+from mxmoe.harness.contract.cases import MODELS, Case, make_case
 
 PROFILES = ("pr", "nightly")
 SMALL_MODELS = ("tiny", "small", "odd", "dsmini", "tpsmall")
@@ -32,6 +34,10 @@ def _pr() -> list[Case]:
         make_case("small", 16, skew="hot"),
         make_case("small", 16, skew="sparse"),
         make_case("dsmini", 16, skew="sparse"),
+        make_case("small", 16, skew="negative"),
+        make_case("small", 16, skew="neartie"),
+        make_case("small", 20, skew="balanced"),  # 5 tokens per expert
+        make_case("small", 16, inputs="trained"),
         make_case("tpsmall", 9, tp=2, tp_rank=0),
         make_case("tpsmall", 9, tp=2, tp_rank=1),
         make_case("tpsmall", 9, tp=4, tp_rank=3),
@@ -74,6 +80,14 @@ def _nightly() -> list[Case]:
         cases.append(make_case(m, t))
     for m, t in itertools.product(BIG_MODELS[:2], (1, 7, 128, 4096)):  # vLLM's other GPT-OSS routing path
         cases.append(make_case(m, t, routing="RenormalizeNaive"))
+    # where tiles break, at production shapes: token counts around the block sizes, every expert
+    # one over a block (tokens x 4 / E = 17, 65, 129), the adversarial routings, trained-size biases
+    for m in BIG_MODELS[:2]:
+        cases += [make_case(m, t) for t in (127, 129, 255, 257, 4095, 4097)]
+        per = MODELS[m].experts // MODELS[m].top_k
+        cases += [make_case(m, per * n, skew="balanced") for n in (17, 65, 129)]
+        cases += [make_case(m, 128, skew=s) for s in ("hot", "sparse", "negative", "neartie")]
+        cases += [make_case(m, 128, inputs="trained"), make_case(m, 4096, inputs="trained")]
     cases += [make_case("gptoss120b", 128, tp=8, tp_rank=r) for r in (0, 7)]
     cases += [make_case("gptoss120b", 128, ep=4, ep_rank=r) for r in (0, 3)]
     cases += [make_case("gptoss20b", 128, tp=4, tp_rank=r) for r in (0, 3)]

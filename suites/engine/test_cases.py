@@ -5,6 +5,7 @@ structures, routing is tie-free and the honest variants never FAIL."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from case_strategies import cached_inputs, cases
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mxmoe.harness.contract.cases import Case, make_case, tp_shard
+from mxmoe.harness.contract.cases import MODELS, Case, make_case, tp_shard
 from mxmoe.harness.contract.inputs import make_inputs, seed_for
 from mxmoe.harness.instruments.honest import HonestFp32, HonestMxfp8
 from mxmoe.harness.judge.engine import checksum, run_case
 from mxmoe.harness.run.profiles import PROFILES, SMALL_MODELS, profile_cases
+from mxmoe.reference.mxfp4 import dequantize_mxfp4
 from mxmoe.reference.routing import topk_margin
 
 ID_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -211,3 +213,39 @@ def test_honest_variants_never_fail_on_drawn_cases(host_arch, case):
 def test_zero_tokens_pass_with_an_empty_output(host_arch, case):
     result, _ = run_case(HonestFp32(), case, host_arch)
     assert result.outcome == "PASS" and result.metrics.elements == 0
+
+
+@pytest.mark.parametrize("model", ["small", "tiny", "odd"])
+def test_adversarial_skews_route_as_they_say(model):
+    """``negative``: every logit below zero; ``neartie``: one bf16 ulp between neighbours, all
+    distinct and exact in bf16; ``balanced``: exactly T k / E tokens on every expert."""
+    e, k = MODELS[model].experts, MODELS[model].top_k
+    neg = make_inputs(make_case(model, 8, skew="negative"))
+    assert float(neg.router_logits.max()) < 0
+    tie = make_inputs(make_case(model, 8, skew="neartie")).router_logits
+    srt = torch.sort(tie, dim=1).values
+    assert torch.equal(srt.diff(dim=1), torch.full_like(srt[:, 1:], 2.0**-7))
+    assert torch.equal(tie, tie.to(torch.bfloat16).float())
+    tokens = 3 * e // math.gcd(e, k)
+    bal = make_inputs(make_case(model, tokens, skew="balanced"))
+    counts = torch.bincount(bal.routing().ids.flatten(), minlength=e)
+    assert counts.tolist() == [tokens * k // e] * e
+
+
+def test_adversarial_skews_refuse_what_they_cannot_draw():
+    with pytest.raises(ValueError, match="Case.skew must be 'balanced' only where tokens x top_k"):
+        make_case("small", 3, skew="balanced")
+    with pytest.raises(ValueError, match="Case.skew must be 'balanced' only with an ungrouped selection"):
+        make_case("dsmini", 16, skew="balanced")
+    with pytest.raises(ValueError, match="Case.skew must be not 'neartie' with more than 128 experts"):
+        make_case("dsv3", 1, skew="neartie")
+
+
+def test_trained_biases_are_the_size_of_their_products():
+    """b13 at the spread of x W13 for unit x (within 10% over a layer's draw), b2 larger still;
+    the normal draw's biases are of unit size."""
+    normal, trained = make_inputs(make_case("small", 1)), make_inputs(make_case("small", 1, inputs="trained"))
+    w13 = dequantize_mxfp4(trained.weights.w13_blocks, trained.weights.w13_scales)
+    s13 = math.sqrt(w13.shape[-1]) * float(w13.pow(2).mean().sqrt())
+    assert abs(float(trained.weights.w13_bias.float().std()) / s13 - 1) < 0.1
+    assert float(trained.weights.w2_bias.float().std()) > 2 * float(normal.weights.w2_bias.float().std())
