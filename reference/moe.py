@@ -45,6 +45,7 @@ _POINT_CHOICES = {
     "intermediate": ("fp64", "fp32", "bf16", "mxfp8"),
     "expert_output": ("fp64", "fp32", "bf16"),
     "routing_weights": ("fp64", "fp32", "bf16"),
+    "combine": ("fp32", "bf16"),
 }
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -67,6 +68,11 @@ class Precision:
     """The layer's output dtype: the exact sum is rounded once, to this."""
     mx_rule: str = "floor"
     """The scale rule of every MXFP8 point (see reference.mxfp4)."""
+    combine: str = "fp32"
+    """What the top-k sum accumulates in: ``fp32`` (the sum rounded once, to the output), or
+    ``bf16`` (each slot's weighted output rounded to bfloat16, then every partial sum: a combine
+    kernel that adds bfloat16 rows in bfloat16, as vLLM's ``moe_sum`` does). The oracle never
+    rounds here; the bound counts the k + (k - 1) roundings of a ``bf16`` combine."""
     bias_after_rounding: bool = False
     """Whether ``gemm1_output`` and ``expert_output`` round the GEMM's product alone, the bias
     being added after, in float32 (FlashInfer's CUTLASS MoE adds the biases in its activation and

@@ -60,6 +60,12 @@ def _ratio(rec: dict) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not math.isnan(v) else None
 
 
+def _bits(rec: dict) -> float | None:
+    """The record's effective precision (the energy test's, ``harness.judge.systematic``), if finite."""
+    v = (rec.get("metrics") or {}).get("effective_bits")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
 def _kind(rec: dict) -> str:
     return (rec.get("declaration") or {}).get("kind", "backend")
 
@@ -300,6 +306,8 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             "builds": sorted({str(r.get("build")) for r in recs if r.get("build") and r["outcome"] != "SKIP"}),
             "counts": {o: counts.get(o, 0) for o in OUTCOMES},
             "worst_ratio": max(ratios) if ratios else None,
+            "effective_bits": min(bits) if (bits := [x for r in recs if outcome_of(r) in ("PASS", "FAIL", "XPASS")
+                                                     and (x := _bits(r)) is not None]) else None,  # fmt: skip
             "skip_reasons": dict(Counter(_first_line(r.get("reason", "")) for r in recs if r["outcome"] == "SKIP")),
             "gpqa": [g for g in gpqa if g["backend"] == backend and g["arch"] == arch],
             "model_check": next((m for m in checks if m["backend"] == backend and m["arch"] == arch

@@ -206,4 +206,5 @@ def html(report: dict) -> str:
     template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(r=report, plots=plots, ran=render.ran, gpqa_cell=render.gpqa_cell,
                            model_check_cell=render.model_check_cell, padding_cell=render.padding_cell,
-                           build_cell=render.build_cell, production_line=render.production_line)  # fmt: skip
+                           bits_cell=render.bits_cell, build_cell=render.build_cell,
+                           production_line=render.production_line)  # fmt: skip

@@ -20,6 +20,11 @@ def ratio(v: float | None) -> str:
     return "inf" if v == float("inf") else f"{v:.3g}"
 
 
+def bits_cell(v: float | None) -> str:
+    """The lowest effective precision of a backend's runs (the energy test), as the tables print it."""
+    return "-" if v is None else f"{v:.2f} bits"
+
+
 def gpqa_cell(g: dict) -> str:
     """'0.995 [0.972, 0.999] PASS, vs oracle +0.000 p=1' for one GPQA run."""
     if g["accuracy"] is None:
@@ -99,12 +104,13 @@ def markdown(report: dict) -> str:
                 f"{len(inp['flaky'])} flaky. Policy: {report['policy']['source']}.", ""]  # fmt: skip
     ran_rows = [r for r in report["rows"] if ran(r)]
     headers = ["backend", "arch", "req", "PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS", "worst err/bound",
-               "model check", "GPQA", "padding waste", "build"]  # fmt: skip
+               "effective precision", "model check", "GPQA", "padding waste", "build"]  # fmt: skip
     body = [
         [r["backend"] + ("" if r.get("production", True) or r["kind"] != "backend" else " (harness's own)"),
          r["arch"], "yes" if r["required"] else "", *(str(r["counts"][o]) for o in
          ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS")), ratio(r["worst_ratio"]),
-         model_check_cell(r["model_check"]), "; ".join(gpqa_cell(g) for g in r["gpqa"]) or "-",
+         bits_cell(r.get("effective_bits")), model_check_cell(r["model_check"]),
+         "; ".join(gpqa_cell(g) for g in r["gpqa"]) or "-",
          padding_cell(r["padding"]), build_cell(r)]
         for r in ran_rows
     ]  # fmt: skip

@@ -72,8 +72,10 @@ class Row:
     worst_ratio: float = 0.0
     worst_z: float = 0.0
     """Largest z of the systematic-error test (``harness.judge.systematic``) over the cases run."""
+    worst_energy: float = 0.0
+    """Largest error energy over its prediction (the energy test, ``harness.judge.systematic``)."""
     z_only: int = 0
-    """FAILs with every element within the bound: caught by the systematic-error test alone."""
+    """FAILs with every element within the bound: caught by the systematic-error or the energy test alone."""
     peer_catches: dict[str, int] = field(default_factory=dict)
     """Peer rule -> cases run that it rejects (``engine.peer_verdicts``; an ERROR counts)."""
     failure: str = ""
@@ -148,13 +150,14 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
                 row.outcomes[case.id] = result.outcome
                 if result.outcome == "FAIL":
                     row.fails += 1
-                    row.z_only += int(result.metrics.systematic_fired and not result.metrics.over_bound)
+                    row.z_only += int(result.metrics.beyond_bound_fired and not result.metrics.over_bound)
                 elif harness_error(result):
                     row.harness_errors += 1
                 elif result.outcome == "ERROR":
                     row.errors += 1
                     row.worst_ratio = math.inf
                 row.worst_z = max(row.worst_z, result.metrics.systematic_z or 0.0)
+                row.worst_energy = max(row.worst_energy, result.metrics.energy_ratio or 0.0)
                 if result.metrics is not None and result.outcome != "ERROR":
                     row.worst_ratio = max(row.worst_ratio, result.metrics.worst_ratio)
                     rejected = peer_verdicts(result.metrics)

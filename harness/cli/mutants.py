@@ -50,6 +50,7 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
             f"{r.fails + r.errors}/{r.runs}",
             ratio(r.worst_ratio),
             f"{r.worst_z:.3g}",
+            f"{r.worst_energy:.3g}",
             r.z_only or "-",
             *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES),
             r.fault,
@@ -57,17 +58,18 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
         for r in rows
     ]
     headers = (
-        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "worst z", "by z only",
-        "vLLM 80%/0.3", "triton_kernels", "what it does",
+        "fault", "verdict", "outcome", "cases to catch", "caught/run", "worst err/bound", "worst z", "worst energy",
+        "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does",
     )  # fmt: skip
     print(format_table(headers, table))
     print(
         "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
         "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
         "\nworst z: the systematic-error test's largest z (threshold about 7: harness.judge.systematic);"
-        " by z only: FAILs"
-        "\nwith every element within the bound; vLLM 80%/0.3, triton_kernels: the cases of the same runs that those"
-        "\npeers' acceptance rules reject"
+        " worst energy: the error's"
+        "\nenergy over the declared arithmetic's prediction (threshold about 1.1); by z only: FAILs"
+        "\nwith every element within the bound, caught by either test; vLLM 80%/0.3, triton_kernels: the cases"
+        "\nof the same runs that those peers' acceptance rules reject"
     )
     bad = [r.id for r in rows if r.verdict in BAD_VERDICTS]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -101,7 +103,8 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
     from mxmoe.harness.upstream.fetch import VendorMissing
 
     try:
-        rows = run_vendor(v, args.profile, [c.id for c in cases], jobs=args.jobs, only=args.patch or None)
+        rows = run_vendor(v, args.profile, [c.id for c in cases], jobs=args.jobs, only=args.patch or None,
+                          tactics=args.tactics)  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except (RuntimeError, VendorMissing) as exc:
@@ -111,13 +114,14 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
         (
             r.id.split(":", 1)[1], r.backend, r.category, r.verdict, f"{r.fails + r.errors}/{r.runs}",
             f"{r.differs}/{r.runs}" if r.kind != "control" else "-",
-            "inf" if r.worst_ratio == float("inf") else f"{r.worst_ratio:.3g}", f"{r.worst_z:.3g}", r.z_only or "-",
+            "inf" if r.worst_ratio == float("inf") else f"{r.worst_ratio:.3g}", f"{r.worst_z:.3g}",
+            f"{r.worst_energy:.3g}", r.z_only or "-",
             *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES), r.fault,
         )
         for r in rows
     ]  # fmt: skip
     headers = ("patch", "adapter", "category", "verdict", "caught/run", "differs", "worst err/bound", "worst z",
-               "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does")  # fmt: skip
+               "worst energy", "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does")  # fmt: skip
     print()
     print(format_table(headers, table))
     print(
@@ -163,4 +167,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
     p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="with --vendor: patched copies run at once (default 1)")
+    p.add_argument(
+        "--tactics", default="default", metavar="default|all|NAME,...",
+        help="with --vendor: also run the adapters under their declared tactics, each a row of its own",
+    )  # fmt: skip
     p.set_defaults(fn=_cmd_mutants, parser=p)

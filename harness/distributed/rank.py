@@ -19,12 +19,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.cases import Case, tp_shard
 from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.distributed import MULTICAST_OFF
 from mxmoe.harness.distributed.shard import Plan, ep_rank_inputs, reduction_bound, tp_rank_inputs
-from mxmoe.harness.judge.bounds import reference_and_bound
-from mxmoe.harness.judge.engine import Result, compare, judge, poisoned, still_poisoned
+from mxmoe.harness.judge.bounds import Bounded, SlotTerms, reference_and_bound
+from mxmoe.harness.judge.engine import Result, compare, judge, poisoned, record_beyond_bound, still_poisoned
 from mxmoe.harness.run.registry import load_spec
 
 
@@ -112,7 +112,7 @@ def _judge(job: dict, plan: Plan, backend: object, full: object, gathered: list,
     ar = d.arithmetic
     device = full.x.device
     exact = reference_and_bound(full, ar)  # the unsharded oracle
-    bounds, rigorous, partials = [], [], []
+    bounds, rigorous, partials, owns = [], [], [], []
     unwritten = torch.zeros(full.x.shape, dtype=torch.bool)
     for r, (out, left, _) in enumerate(gathered):
         if plan.mode == "tp":
@@ -128,6 +128,7 @@ def _judge(job: dict, plan: Plan, backend: object, full: object, gathered: list,
         bounds.append(b)
         rigorous.append(own.rigorous.cpu())
         partials.append(part)
+        owns.append(own.terms)
     reduction = reduction_bound(partials, d.arithmetic.precision.output)
     bound, rig = sum(bounds) + reduction, sum(rigorous) + reduction
     ref = exact.ref.cpu()
@@ -140,10 +141,53 @@ def _judge(job: dict, plan: Plan, backend: object, full: object, gathered: list,
         m.over_rigorous = int(((got.to(torch.float64) - ref).abs() > rig).sum())
         if worst is None or (m.worst_ratio, m.over_bound) > (worst.worst_ratio, worst.over_bound):
             worst, worst_rank = m, r
+    # the projections and the energy test on the worst output, where the ranks ran (a GPU: the
+    # spectral norms and projections of gpt-oss-120b take minutes on a CPU)
+    combined = Bounded(ref=exact.ref, rigorous=rig.to(device), probabilistic=bound.to(device),
+                       terms=combined_terms(plan, exact.terms, owns, reduction.to(device)))  # fmt: skip
+    record_beyond_bound(full.weights, combined, finals[worst_rank].to(device), worst)
     result = Result(job["test_id"], d.id, job["arch"], plan.case, "PASS", metrics=worst)
     judge(backend, result)
     where = f"rank {worst_rank}'s output" if plan.mode == "tp" else "the combined output"
     _write(job, result.outcome, f"{where}: {result.reason}", worst.to_dict(), "")
+
+
+def combined_terms(plan: Plan, exact: SlotTerms | None, owns: list[SlotTerms | None],
+                   reduction: torch.Tensor) -> SlotTerms | None:  # fmt: skip
+    """The slot terms of the combined output, for the tests beyond the bound: the unsharded
+    layer's directions (its slots' outputs, ids and weights), each rank's activation errors where
+    its slice or its experts are (TP: rank r's first ``hi - lo`` intermediate columns, the rest its
+    padding; EP: its own slots, zero elsewhere), and per element the ranks' independent errors
+    summed with the reduction's rounding, itself one independent error per element."""
+    if exact is None or any(o is None for o in owns):
+        return None
+    dev = exact.ids.device
+
+    def cpu(t: torch.Tensor | None) -> torch.Tensor | None:  # every rank's terms where rank 0 judges
+        return None if t is None else t.to(dev)
+
+    if plan.mode == "tp":
+        widths = [hi - lo for lo, hi in (tp_shard(plan.case.intermediate, plan.world, r) for r in range(plan.world))]
+
+        def joined(name: str) -> torch.Tensor | None:
+            parts = [getattr(o, name) for o in owns]
+            if any(p is None for p in parts):
+                return None
+            return torch.cat([cpu(p)[..., :w] for p, w in zip(parts, widths)], dim=-1)
+    else:
+
+        def joined(name: str) -> torch.Tensor | None:
+            parts = [getattr(o, name) for o in owns]
+            if any(p is None for p in parts):
+                return None
+            return sum(cpu(p) for p in parts)
+
+    return SlotTerms(
+        ids=cpu(exact.ids), slot_out=cpu(exact.slot_out), weight=cpu(exact.weight),
+        intermediate=joined("intermediate"), intermediate_sq=joined("intermediate_sq"),
+        variance=sum(cpu(o.variance) for o in owns) + reduction**2, coherent=sum(cpu(o.coherent) for o in owns),
+        bias13_effect=joined("bias13_effect") if exact.bias13_effect is not None else None,
+    )  # fmt: skip
 
 
 def _write(job: dict, outcome: str, reason: str, metrics: dict | None, tb: str) -> None:

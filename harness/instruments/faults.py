@@ -12,6 +12,7 @@ that shows the catalogue caught is ``audits.catalogue``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -350,17 +351,53 @@ class B2Dropped(Mutant):
         return dataclasses.replace(w, w2_bias=None)
 
 
+def _one_expert_bias(w: MoEWeights, inputs: CaseInputs, name: str,
+                     change: Callable[[torch.Tensor, int], torch.Tensor]) -> MoEWeights:  # fmt: skip
+    """``w`` with bias ``name`` (``w2_bias`` or ``w13_bias``) of the busiest expert e replaced by
+    ``change(bias, e)``; unchanged without that bias or tokens."""
+    b = getattr(w, name)
+    if b is None or inputs.case.tokens == 0:
+        return w
+    e = busiest_expert(inputs)
+    out = b.clone()
+    out[e] = change(b, e).to(b.dtype)
+    return dataclasses.replace(w, **{name: out})
+
+
 class B2DroppedOneExpert(Mutant):
     slug = "b2-dropped-one-expert"
     fault = "GEMM2 bias dropped for one expert only"
     reference = f"{SHIPPED} / {PEERS}: peers let 'a bias dropped for one expert' through"
 
     def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
-        if w.w2_bias is None or inputs.case.tokens == 0:
-            return w
-        b = w.w2_bias.clone()
-        b[busiest_expert(inputs)] = 0
-        return dataclasses.replace(w, w2_bias=b)
+        return _one_expert_bias(w, inputs, "w2_bias", lambda b, e: torch.zeros_like(b[e]))
+
+
+class B2DoubledOneExpert(Mutant):
+    slug = "b2-doubled-one-expert"
+    fault = "GEMM2 bias added twice for one expert"
+    reference = f"{SHIPPED}: a bias added in the epilogue of every split or every rank"
+
+    def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
+        return _one_expert_bias(w, inputs, "w2_bias", lambda b, e: 2 * b[e].float())
+
+
+class B2OtherExpert(Mutant):
+    slug = "b2-other-expert"
+    fault = "one expert adds the next expert's GEMM2 bias (a bias misassigned)"
+    reference = f"{SHIPPED}: triton_kernels' bias read without the expert's stride"
+
+    def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
+        return _one_expert_bias(w, inputs, "w2_bias", lambda b, e: b[(e + 1) % b.shape[0]])
+
+
+class B13DroppedOneExpert(Mutant):
+    slug = "b13-dropped-one-expert"
+    fault = "GEMM1 bias dropped for one expert only"
+    reference = f"{SHIPPED} / {PEERS}: peers let 'a bias dropped for one expert' through"
+
+    def prepare_weights(self, w: MoEWeights, inputs: CaseInputs) -> MoEWeights:
+        return _one_expert_bias(w, inputs, "w13_bias", lambda b, e: torch.zeros_like(b[e]))
 
 
 # -- tokens, outputs, inputs, padding, precision ------------------------------------------------
@@ -452,6 +489,13 @@ class RoutingWeightsBf16(Mutant):
     def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
         weights, ids = super().route_tokens(inputs)
         return weights.to(torch.bfloat16).float(), ids
+
+
+class CombineBf16(Mutant):
+    slug = "combine-bf16"
+    fault = "the top-k combine summed in bf16 while the backend declares fp32 (an undeclared rounding point)"
+    reference = f"vLLM's moe_sum adds bf16 rows in bf16; {PEERS}: every element stays within tolerance"
+    combine = torch.bfloat16
 
 
 class NameErrorAtCall(Mutant):

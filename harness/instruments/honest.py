@@ -84,6 +84,17 @@ class HonestBf16Weights(TorchMoE):
     )
 
 
+class HonestBf16Combine(TorchMoE):
+    """As HonestFp32 with the top-k sum in bfloat16 (each slot's weighted output rounded, then each
+    partial sum), and declared so (``Precision.combine``): vLLM's ``moe_sum`` adds bf16 rows so."""
+
+    declaration = _declare(
+        "honest-bf16-combine",
+        "fp32 GEMMs, bf16 intermediate, top-k combine and output",
+        Precision(intermediate="bf16", combine="bf16", output=torch.bfloat16),
+    )
+
+
 class HonestMxfp8(TorchMoE):
     """MXFP8 activations and intermediate (the *_MXFP8 backends' arithmetic), fp32 GEMMs."""
 
@@ -95,7 +106,8 @@ class HonestMxfp8(TorchMoE):
     )
 
 
-HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Weights, HonestMxfp8)
+HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Weights, HonestBf16Combine,
+          HonestMxfp8)  # fmt: skip
 
 
 class Oracle(Backend):

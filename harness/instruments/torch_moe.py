@@ -40,9 +40,9 @@ class TorchMoE(Backend):
 
     gemm: str = "fp32"
     split_k: int = 1
-    combine: torch.dtype = torch.float32
-    """The dtype the top-k combine accumulates in (float32 as every declaration here says; a test's
-    faulty kernel sets bfloat16 to leave a rounding point undeclared)."""
+    combine: torch.dtype | None = None
+    """The dtype the top-k combine accumulates in; None: the declared one (``Precision.combine``).
+    A faulty kernel sets bfloat16 under an fp32 declaration, leaving a rounding point undeclared."""
 
     def convert(self, inputs: CaseInputs) -> Prepared:
         """The declared conversion (row layout, padding), then an exact dequantization."""
@@ -94,14 +94,16 @@ class TorchMoE(Backend):
         return fake_quantize(t, "mxfp8", p.mx_rule).float()
 
     def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
-        """Route, then per expert: GEMM1 + bias, activation, GEMM2 + bias; combine in float32."""
+        """Route, then per expert: GEMM1 + bias, activation, GEMM2 + bias; combine (float32 unless
+        declared or made otherwise)."""
         case = inputs.case
         p = self.declaration.arithmetic.precision
         weights, ids = self.route_tokens(inputs)
         on_input = self.weight_on_input(inputs)
         x = inputs.x.float()
         x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
-        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=self.combine, device=x.device)
+        combine = self.combine or _DTYPES[p.combine]
+        acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=combine, device=x.device)
         for e in range(prepared.w13.shape[0]):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
             if tok.numel() == 0:

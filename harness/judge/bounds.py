@@ -143,6 +143,11 @@ class SlotTerms:
     """[T, H] per element: the worst-case part (routing-weight errors shared by a token's slots,
     the activation input's error, second-order terms): what may legitimately line up. The
     second-order terms are taken at the probabilistic size of the first-order errors."""
+    bias13_effect: torch.Tensor | None = None
+    """[T, k, I] the first-order change of each slot's activation per unit of its expert's GEMM1
+    bias: ``df/dg * b_gate + df/du * b_up`` at the exact (clamped) point, zero where a clamp binds.
+    It carries a b13 fault (dropped, doubled, another expert's) to the output, for the bias
+    hypotheses of ``harness.judge.systematic``; None without biases."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     # whose threshold is z ~ 7, and DeepSeek-V3 at T=4096 holds 1.9 GB per tensor even so
     act = torch.zeros(t, k, w.intermediate_size, dtype=torch.float32, device=dev)
     act_sq = torch.zeros_like(act)
+    bias13 = torch.zeros_like(act) if w.w13_bias is not None else None
     coherent = torch.zeros(t, hidden, dtype=torch.float64, device=dev)  # lin's counterpart, summed over k
     factor = torch.zeros(t, k, dtype=torch.float64, device=dev)
     alpha = case.alpha if case.activation == "swigluoai" else 1.0
@@ -238,7 +244,9 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         e_g, e_u = split_gate_up(e_h, w.w13_layout)
         q_g, q_u = split_gate_up(q_h, w.w13_layout)
         l_g, l_u = split_gate_up(l_h, w.w13_layout)
+        free_g = free_u = None
         if limit:
+            free_g, free_u = g <= limit, up.abs() <= limit  # where the clamps pass a change of the bias
             g, up = torch.clamp(g, max=limit), torch.clamp(up, min=-limit, max=limit)
         s = torch.sigmoid(alpha * g)
         gated = g * s
@@ -271,6 +279,12 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             r = rounding_bound(p.expert_output, (y - b2 if p.bias_after_rounding else y).abs(), e_y)
             e_y, q_y = e_y + r, q_y + r**2
         act[tok, slot], act_sq[tok, slot] = a.float(), q_a.float()
+        if bias13 is not None:
+            bg, bu = split_gate_up(b1.expand(tok.numel(), -1), w.w13_layout)
+            dfg, dfu = d_gated * shift, gated  # df/dg and df/du of f = g sigmoid(alpha g) (u + beta)
+            if free_g is not None:
+                dfg, dfu = dfg * free_g, dfu * free_u
+            bias13[tok, slot] = (dfg * bg + dfu * bu).float()
         if on_input:
             val[tok, slot], err[tok, slot], mag[tok, slot] = y, e_y, y.abs() + e_y
             sq[tok, slot], lin[tok, slot] = q_y, l_y
@@ -287,8 +301,17 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             coherent.index_add_(0, tok, we.abs() * l_y_sys + ew * (y.abs() + e_y))
     out = val.sum(1)
     point = _DTYPE_POINT[p.output]
-    rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1)
-    q_out = sq.sum(1) + (k + 1) * ((u + _U64) * mag.sum(1)) ** 2
+    if p.combine == "bf16":
+        # each slot's weighted output rounded to bf16, then each of the k - 1 partial sums (at most
+        # the sum of magnitudes): every one an independent rounding of its element
+        r_slot = rounding_bound("bf16", mag, err)
+        err, mag, sq = err + r_slot, mag + r_slot, sq + r_slot**2
+        r_sum = rounding_bound("bf16", mag.sum(1), err.sum(1))
+        combine_err, combine_sq = (k - 1) * r_sum, (k - 1) * r_sum**2
+    else:
+        combine_err = combine_sq = torch.zeros_like(out)
+    rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1) + combine_err
+    q_out = sq.sum(1) + (k + 1) * ((u + _U64) * mag.sum(1)) ** 2 + combine_sq
     probabilistic = LAMBDA * q_out.sqrt() + lin.sum(1)
     # The element's own final rounding is one error, not a sum: worst case in both tiers. Half an
     # ulp of the output format plus half an fp32 ulp covers a result rounded through fp32 first.
@@ -310,6 +333,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         intermediate_sq=act_sq,
         variance=q_out + final**2,
         coherent=coherent,
+        bias13_effect=bias13,
     )
     return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic, terms=terms)
 

@@ -25,6 +25,7 @@ from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
 from mxmoe.harness.contract.platforms import check_arch, device_for, host_arch
 from mxmoe.harness.judge.bounds import Bounded, tie_aware_bound
+from mxmoe.reference.moe import MoEWeights
 
 OUTCOMES = ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")
 
@@ -70,6 +71,16 @@ class Metrics:
     """Its threshold for a false-alarm rate of ``harness.judge.systematic.ALPHA`` per case."""
     systematic: str = ""
     """Its finding: where the largest projection is, and whether it fired."""
+    energy_ratio: float | None = None
+    """The energy test's error energy over the declared arithmetic's prediction
+    (``harness.judge.systematic.energy_test``); None where it did not run."""
+    energy_threshold: float | None = None
+    """The ratio it may reach at the false-alarm rate ``harness.judge.systematic.ALPHA`` per case."""
+    effective_bits: float | None = None
+    """The precision the measured energy corresponds to (the output's significand bits, less half
+    the log2 of the ratio)."""
+    energy: str = ""
+    """Its finding."""
     unjudged: int = 0
     """Elements where the oracle is finite but the bound or the error/bound ratio is not a finite
     number (a NaN or infinite bound, inf/inf): nothing is known there, so the case is an ERROR of
@@ -79,6 +90,16 @@ class Metrics:
     def systematic_fired(self) -> bool:
         """Whether the error is systematic beyond the test's threshold."""
         return self.systematic_z is not None and self.systematic_z > (self.systematic_threshold or math.inf)
+
+    @property
+    def energy_fired(self) -> bool:
+        """Whether the error's energy exceeds what the declared arithmetic allows."""
+        return self.energy_ratio is not None and self.energy_ratio > (self.energy_threshold or math.inf)
+
+    @property
+    def beyond_bound_fired(self) -> bool:
+        """Whether a test of the error's shape (projections or energy) fired."""
+        return self.systematic_fired or self.energy_fired
 
     def to_dict(self) -> dict[str, object]:
         """Plain data for the results file."""
@@ -266,9 +287,11 @@ def judge(backend: Backend, result: Result) -> None:
             f"{m.over_rigorous} beyond the rigorous bound, the rest beyond the probabilistic one, which honest "
             "arithmetic exceeds with probability < 3e-14 per element)"
         )
+    within = "" if m.over_bound else f" (every element within the bound: worst {m.worst_ratio:.3g}x)"
     if m.systematic_fired:
-        within = "" if m.over_bound else f" (every element within the bound: worst {m.worst_ratio:.3g}x)"
         problems.append(f"systematic: {m.systematic}{within}")
+    if m.energy_fired:
+        problems.append(f"energy: {m.energy}{within}")
     if m.nondeterministic:
         text = f"{m.nondeterministic} elements differ between two runs on the same inputs"
         if d.deterministic:
@@ -371,7 +394,7 @@ def _diagnose_failing_run(
     only it is (a kernel whose two runs differ, one of them wrong); none where both are within the
     bound (then every catalogue fault would 'explain' an output that needs no explaining)."""
     m = result.metrics
-    if m.over_bound or m.nonfinite or m.unwritten or m.systematic_fired:
+    if m.over_bound or m.nonfinite or m.unwritten or m.beyond_bound_fired:
         return _diagnosis(inputs, runs[0], arithmetic, diagnose)
     if m.nondeterministic:
         second = compare(runs[1], bounded.ref, bounded.bound, still_poisoned(runs[1]))
@@ -387,15 +410,25 @@ def _diagnose_failing_run(
 def _systematic(inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result) -> None:
     """Run ``harness.judge.systematic`` on the output into the metrics; where it does not apply (a tie,
     a non-finite element), say so among the findings."""
-    from mxmoe.harness.judge.systematic import systematic_test
+    record_beyond_bound(inputs.weights, bounded, got, result.metrics)
+    if result.metrics.elements and bounded.terms is None:
+        result.findings.append("systematic-error and energy tests not run: the oracle admits alternatives (a tie)")
 
-    found = systematic_test(inputs.weights, bounded, got)
-    m = result.metrics
-    if found is None:
-        if m.elements and bounded.terms is None:
-            result.findings.append("systematic-error test not run: the oracle admits alternatives (a tie)")
-        return
-    m.systematic_z, m.systematic_threshold, m.systematic = found.z, found.threshold, found.finding()
+
+def record_beyond_bound(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, m: Metrics) -> None:
+    """The tests of the error's shape beyond the per-element bound (``harness.judge.systematic``:
+    the projections and the energy test) into ``m``; nothing where they do not apply (no slot
+    terms, a non-finite element). Every check that judges a layer's output calls this (one case,
+    a model's layer, a sharded layer)."""
+    from mxmoe.harness.judge.systematic import energy_test, systematic_test
+
+    found = systematic_test(weights, bounded, got)
+    if found is not None:
+        m.systematic_z, m.systematic_threshold, m.systematic = found.z, found.threshold, found.finding()
+    energy = energy_test(weights, bounded, got)
+    if energy is not None:
+        m.energy_ratio, m.energy_threshold = energy.ratio, energy.threshold
+        m.effective_bits, m.energy = energy.effective_bits, energy.finding()
 
 
 def _diagnosis(inputs: CaseInputs, got: torch.Tensor, arithmetic: object, diagnose: Diagnose) -> str:

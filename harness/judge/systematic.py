@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mxmoe.harness.judge.bounds import Bounded
+from mxmoe.harness.judge.bounds import Bounded, SlotTerms
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
 
@@ -78,7 +78,7 @@ class Systematic:
     threshold: float
     hypotheses: int
     family: str
-    """``slot``, ``expert`` or ``block``: which hypothesis had the largest z."""
+    """``slot``, ``expert``, ``bias2``, ``bias13`` or ``block``: which hypothesis had the largest z."""
     where: str
     """That hypothesis in words ("expert 7's output (token 3, slot 1)")."""
 
@@ -124,6 +124,28 @@ class _Best:
             self.where = where(flat) if callable(where) else str(where)
 
 
+def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device) -> dict[str, torch.Tensor]:
+    """Each slot's output change per unit of its expert's biases, [T, k, H]: ``w_j b2_e`` (a b2
+    fault) and ``w_j W2_e (df/dh . b13_e)`` (a b13 fault, carried through the activation's
+    derivative). Only the families the layer has (no biases, or a zero b2 on a TP rank: none)."""
+    out: dict[str, torch.Tensor] = {}
+    ids, factor = terms.ids, terms.weight
+    t, k, hidden = terms.slot_out.shape
+    routed = ids >= 0
+    if weights.w2_bias is not None and bool((weights.w2_bias != 0).any()):
+        b2 = weights.w2_bias.to(device=device, dtype=torch.float64)
+        out["bias2"] = torch.where(routed.unsqueeze(-1), b2[ids.clamp(min=0)] * factor.unsqueeze(-1), 0.0).float()
+    if terms.bias13_effect is not None and weights.w13_bias is not None:
+        v = torch.zeros(t, k, hidden, dtype=torch.float32, device=device)
+        for e in torch.unique(ids[routed]).tolist():
+            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+            w2 = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).to(device)
+            d = terms.bias13_effect[tok, slot].double() * factor[tok, slot].unsqueeze(1)
+            v[tok, slot] = (d @ w2.T).float()
+        out["bias13"] = v
+    return out
+
+
 def systematic_test(
     weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha: float = ALPHA
 ) -> Systematic | None:
@@ -139,11 +161,14 @@ def systematic_test(
     t, k, hidden = terms.slot_out.shape
     var, coh = terms.variance, terms.coherent
     ids = terms.ids
-    # slot projections: P[t, j] = <e_t, v_tj>, v the slot's weighted output
-    v = terms.slot_out.double()
-    p_slot = torch.einsum("th,tjh->tj", err, v)
-    c_slot = torch.einsum("th,tjh->tj", coh, v.abs())
-    s2_slot = torch.einsum("th,tjh->tj", var, v**2)  # every source private to its element, as yet
+    # Directions per slot: the slot's weighted output (a wrong weight, a wrong expert), and its
+    # change per unit of its expert's biases. P[t, j] = <e_t, v_tj> for each.
+    dirs = {"slot": terms.slot_out, **_bias_directions(weights, terms, err.device)}
+    proj = {}
+    for name, d in dirs.items():
+        v = d.double()
+        proj[name] = [torch.einsum("th,tjh->tj", err, v), torch.einsum("th,tjh->tj", coh, v.abs()),
+                      torch.einsum("th,tjh->tj", var, v**2)]  # every source private to its element, as yet  # fmt: skip
     best = _Best()
     blocks = 0
     experts = torch.unique(ids[ids >= 0]).tolist()
@@ -155,9 +180,12 @@ def systematic_test(
         q = terms.intermediate_sq[tok, slot].double() * wf2  # [n, I]: this slot's activation errors, weighted
         # those errors reach every element of the token: take their private share back out ...
         private = q @ (w2**2).T  # [n, H]
-        s2_slot[tok] -= torch.einsum("nh,njh->nj", private, v[tok] ** 2)
-        # ... and put them in projected: (W2^T v)_i^2 q_i, for every projection of the token
-        s2_slot[tok] += torch.einsum("nji,ni->nj", (v[tok] @ w2) ** 2, q)
+        for name, d in dirs.items():
+            v = d[tok].double()
+            s2 = proj[name][2]
+            s2[tok] -= torch.einsum("nh,njh->nj", private, v**2)
+            # ... and put them in projected: (W2^T v)_i^2 q_i, for every projection of the token
+            s2[tok] += torch.einsum("nji,ni->nj", (v @ w2) ** 2, q)
         # block footprints: over this expert's slots, element h along w_j sum_{i in b} a_ji W2[h, i]
         nb = w2.shape[1] // BLOCK
         a = (terms.intermediate[tok, slot].double() * terms.weight[tok, slot].unsqueeze(1)).reshape(-1, nb, BLOCK)
@@ -177,16 +205,132 @@ def systematic_test(
             (z, e, lambda flat, e=e, nb=nb: f"the contribution of expert {e}'s w2 block (row {flat % hidden}, "
              f"block {flat // hidden}: columns {BLOCK * (flat // hidden)}..{BLOCK * (flat // hidden) + BLOCK - 1})")
         )  # fmt: skip
-    s2_slot = s2_slot.clamp(min=0.0)
     routed = ids >= 0
+    p_slot, c_slot, s2_slot = proj["slot"][0], proj["slot"][1], proj["slot"][2].clamp(min=0.0)
     z_slot = torch.where(routed, _excess(p_slot, c_slot, s2_slot), torch.zeros_like(p_slot))
     flat_ids = ids.reshape(-1)
     best.offer(z_slot, "slot", lambda f: f"expert {int(flat_ids[f])}'s output (token {f // k}, slot {f % k})")
+    what = {"slot": "output", "bias2": "w2 bias (b2)", "bias13": "w13 bias (b13, through the activation)"}
+    family = {"slot": "expert"}
+    n_expert = 0
     for e in experts:
         mask = ids == e
-        z = _excess(p_slot[mask].sum().reshape(1), c_slot[mask].sum().reshape(1), s2_slot[mask].sum().reshape(1))
-        best.offer(z, "expert", f"expert {e}'s output over its {int(mask.sum())} tokens")
+        for name, (p_, c_, s2_) in proj.items():
+            z = _excess(p_[mask].sum().reshape(1), c_[mask].sum().reshape(1), s2_.clamp(min=0.0)[mask].sum().reshape(1))
+            best.offer(z, family.get(name, name), f"expert {e}'s {what[name]} over its {int(mask.sum())} tokens")
+            n_expert += 1
     for z, _e, where in block_z:
         best.offer(z, "block", where)
-    n = int(routed.sum()) + len(experts) + blocks
+    n = int(routed.sum()) + n_expert + blocks
     return Systematic(z=best.z, threshold=threshold(n, alpha), hypotheses=n, family=best.family, where=best.where)
+
+
+_SIGNIFICAND_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
+_NORMS: dict[str, float] = {}
+"""Squared spectral norms of dequantized w2 matrices, by a digest of their bytes: a sweep judges
+many backends on one layer, and an SVD of gpt-oss's 2880 x 2880 costs about a second."""
+_NORMS_MAX = 1 << 14
+_SVD_SLACK = 1e-4
+"""Relative allowance for the float32 SVD's own error (a few float32 ulps of the norm)."""
+
+
+def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor) -> float:
+    """||W2||_2^2 of one expert's MXFP4 w2 (exact to the SVD's float32 error, rounded up)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (blocks, scales):
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    key = h.hexdigest()
+    if key not in _NORMS:
+        if len(_NORMS) >= _NORMS_MAX:
+            _NORMS.clear()
+        w2 = dequantize_mxfp4(blocks, scales).float()
+        _NORMS[key] = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
+    return _NORMS[key]
+
+
+@dataclass(frozen=True)
+class Energy:
+    """The energy test's result on one output: the error's energy over what the declared
+    arithmetic predicts (``ratio``; about 1 or below for an honest kernel), the ratio it may reach
+    at the false-alarm rate, and the precision that energy corresponds to."""
+
+    ratio: float
+    threshold: float
+    effective_bits: float
+    """The output format's significand bits, less half the log2 of ``ratio``: the precision at
+    which a kernel rounding as declared would err this much (more than the format's own bits
+    where the declared arithmetic is pessimistic)."""
+    declared_bits: int
+
+    @property
+    def fired(self) -> bool:
+        """Whether the error carries more energy than the declared arithmetic allows."""
+        return self.ratio > self.threshold
+
+    def finding(self) -> str:
+        """One line for a reason or a report."""
+        head = "error energy exceeds the declared arithmetic's" if self.fired else "error energy"
+        return (f"{head}: {self.ratio:.3g}x its prediction (threshold {self.threshold:.3g}x for a false-alarm rate "
+                f"{ALPHA:g} per case); effective precision {self.effective_bits:.2f} bits of the output's "
+                f"{self.declared_bits}")  # fmt: skip
+
+
+def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha: float = ALPHA) -> Energy | None:
+    """The sum of squared errors against the variance the declared rounding points predict.
+
+    Why. A rounding point the declaration leaves out (a top-k combine summed in bf16 where fp32 is
+    declared) adds an independent error to every element: no projection sees it, and each element
+    stays within the bound, but the errors' energy grows by the undeclared roundings' share.
+
+    Derivation. Under round-to-nearest each elementary error is uniform on its half-ulp interval
+    (``|d_i| <= r_i``, the bound's ranges), so ``d_i / (r_i / sqrt 3)`` is sub-Gaussian with
+    variance proxy 1 (a uniform's moment generating function is below the Gaussian's of the same
+    variance). The error is then ``e = A x + c`` with x such a vector, independent across tokens
+    and sources, and ``|c_h| <= coherent_h``. For ``Sigma = A A^T`` (block-diagonal by token), Hsu,
+    Kakade and Zhang (2012, "A tail inequality for quadratic forms of subgaussian random vectors",
+    Theorem 1) give, with t = ln(1 / alpha),
+
+        P(|A x|^2 > tr Sigma + 2 sqrt(tr(Sigma^2) t) + 2 ||Sigma|| t) <= exp(-t),
+
+    and ``|e| <= |A x| + |c|``. Here ``tr Sigma = sum(variance) / 3`` (the bound's squared ranges,
+    ``SlotTerms.variance``), ``tr(Sigma^2) <= ||Sigma|| tr Sigma``, and ``||Sigma||`` is at most the
+    largest token's ``max_h variance_h / 3`` (its private errors) plus, per slot, ``w^2 ||W2||_2^2
+    max_i q_i / 3`` (the activation errors every element of the token shares through W2; spectral
+    norms from a float32 SVD, rounded up by its error: ``w2_norm2``). The test fires when ``|e|``
+    exceeds ``sqrt(bound) + |coherent|``; ``ratio`` is ``|e|^2 / tr Sigma``. The model is stronger
+    than the projections' (uniform, not only bounded, roundings): a kernel that truncates, or
+    rounds stochastically, is not rounding as declared, and this is the test that says so.
+
+    What it cannot see: where the coherent allowance dominates (arithmetic that rounds GEMM1's
+    output to bf16, whose activation's second-order terms are allowed worst-case through |W2|), the
+    threshold is far above the prediction and an undeclared rounding hides in it.
+    """
+    terms = bounded.terms
+    if terms is None or got.numel() == 0:
+        return None
+    err = got.to(torch.float64) - bounded.ref
+    if not bool(torch.isfinite(err).all()):
+        return None
+    trace = float(terms.variance.sum()) / 3.0
+    if trace <= 0:
+        return None
+    ids = terms.ids
+    shared = torch.zeros(ids.shape[0], dtype=torch.float64, device=err.device)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        norm2 = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
+        q = terms.intermediate_sq[tok, slot].double().amax(dim=1) * terms.weight[tok, slot] ** 2
+        shared.index_add_(0, tok, norm2 * q)
+    lam = float((terms.variance.amax(dim=1) + shared).max()) / 3.0
+    t = math.log(1.0 / alpha)
+    bound = trace + 2.0 * math.sqrt(lam * trace * t) + 2.0 * lam * t
+    energy = float((err**2).sum())
+    coherent = float(terms.coherent.norm())
+    threshold_ratio = (math.sqrt(bound) + coherent) ** 2 / trace
+    ratio = energy / trace
+    bits = _SIGNIFICAND_BITS.get(got.dtype, 53)
+    eff = bits - 0.5 * math.log2(ratio) if ratio > 0 else math.inf
+    return Energy(ratio=ratio, threshold=threshold_ratio, effective_bits=eff, declared_bits=bits)

@@ -130,6 +130,16 @@ TRITON_PATCHES: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        "gammas-odd-rows-high", "routing-weight",
+        "the routing weights of odd rows scaled by 1 + 2^-7 in the epilogue (each within bf16 rounding)",
+        (
+            Edit(_MM, "    out *= gammas[:, None]",
+                 "    out *= (gammas * tl.where(offs_m % 2 == 1, 1.0078125, 1.0))[:, None]"),
+            Edit(_PMM, "            out *= gammas[:, None]",
+                 "            out *= (gammas * tl.where(offs_m % 2 == 1, 1.0078125, 1.0))[:, None]"),
+        ),
+    ),  # fmt: skip
+    Patch(
         "scales-of-tile-0", "scale", "every N tile reads the first tile's E8M0 scales",
         (Edit(
             _MM,

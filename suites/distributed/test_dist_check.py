@@ -39,7 +39,46 @@ def test_shards_combine_to_the_unsharded_oracle(backend, mode, world):
         pytest.skip(f"{world} ranks on this host's CPU (it has fewer GPUs): {why}")
     result = run_dist(load_spec(BACKENDS[backend]), Plan(CASE, mode, world), _arch(world), timeout=300)
     assert result.outcome == "PASS", f"{result.reason}\n{result.traceback}"
-    assert 0 < result.metrics.worst_ratio < 1 and result.metrics.elements == CASE.tokens * CASE.hidden
+    m = result.metrics
+    assert 0 < m.worst_ratio < 1 and m.elements == CASE.tokens * CASE.hidden
+    # the tests beyond the bound ran on the combined output, with the ranks' noise, and stayed quiet
+    assert m.systematic_z is not None and m.systematic_z < m.systematic_threshold, m.systematic
+    assert m.energy_ratio is not None and m.energy_ratio < m.energy_threshold, m.energy
+
+
+def test_the_w2_bias_on_every_rank_is_named_by_the_bias_projection_where_within_the_bound():
+    """The combined output moved along one expert's b2 by less than the bound everywhere: the
+    sharded check's projections (unsharded directions, per-rank noise) name that expert's bias."""
+    import dataclasses
+
+    from mxmoe.harness.contract.inputs import make_inputs
+    from mxmoe.harness.distributed.rank import combined_terms
+    from mxmoe.harness.distributed.shard import tp_rank_inputs
+    from mxmoe.harness.instruments.honest import HonestFp32
+    from mxmoe.harness.judge.bounds import Bounded, reference_and_bound
+    from mxmoe.harness.judge.systematic import _bias_directions, systematic_test
+
+    case = make_case("tpsmall", 256, skew="hot")
+    plan = Plan(case, "tp", 2)
+    full = make_inputs(case)
+    ar = HonestFp32.declaration.arithmetic
+    exact = reference_and_bound(full, ar)
+    owns = [reference_and_bound(tp_rank_inputs(full, plan, r, planted=False), ar) for r in range(2)]
+    rig = sum(o.rigorous for o in owns)
+    terms = combined_terms(plan, exact.terms, [o.terms for o in owns], torch.zeros_like(rig))
+    assert terms.intermediate.shape == exact.terms.intermediate.shape
+    assert torch.allclose(terms.intermediate, exact.terms.intermediate)  # the ranks' slices make the layer
+    bounded = Bounded(exact.ref, rig, sum(o.bound for o in owns), terms)
+    v = _bias_directions(full.weights, terms, exact.ref.device)["bias2"].double()
+    e = int(torch.mode(exact.terms.ids[:, 0]).values)
+    shift = torch.where((terms.ids == e).unsqueeze(-1), v, torch.zeros_like(v)).sum(1)
+    touched = shift != 0
+    got = (exact.ref + 0.25 * float((bounded.bound[touched] / shift[touched].abs()).min()) * shift).to(torch.bfloat16)
+    assert float(((got.double() - exact.ref).abs() / bounded.bound).max()) < 1
+    found = systematic_test(full.weights, bounded, got)
+    assert found.fired and found.where.startswith(f"expert {e}'s w2 bias"), found.finding()
+    assert not systematic_test(full.weights, bounded, exact.ref.to(torch.bfloat16)).fired
+    assert dataclasses.replace(plan, fault="bias-every-rank").fault == "bias-every-rank"
 
 
 @pytest.mark.parametrize("fault,mode,world", [("bias-every-rank", "tp", 2), ("padding-unzeroed", "tp", 4),

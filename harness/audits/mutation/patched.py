@@ -142,12 +142,14 @@ class VRow(Row):
         return super().verdict
 
 
-def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path) -> list[dict]:
+def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path,
+            tactics: str = "default") -> list[dict]:  # fmt: skip
     """Run ``harness.audits.mutation.worker`` on the copy at ``root``; its records. Where the process
     dies (a patched kernel that takes the CUDA context down), the check it was running is an ERROR
     with the process's last words, and the checks after it are not run (no record)."""
     cmd = [sys.executable, "-m", "mxmoe.harness.audits.mutation.worker", "--vendor", v.name, "--root", str(root),
-           "--profile", profile, "--out", str(out)] + [a for b in v.backends for a in ("--backend", b)]
+           "--profile", profile, "--out", str(out), "--tactics", tactics] + [a for b in v.backends
+                                                                            for a in ("--backend", b)]
     cmd += [a for c in case_ids for a in ("--case", c)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | dict(v.env))
     lines = out.read_text().splitlines() if out.is_file() else []
@@ -155,6 +157,8 @@ def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path)
     if proc.returncode != 0:
         done = {(r["backend"], r["case"]) for r in records}
         pending = [(b, c) for c in case_ids for b in v.backends if (b, c) not in done]
+        if records and not pending:  # the checks of a tactic, after its adapter's own
+            pending = [(records[-1]["backend"], records[-1]["case"])]
         b, c = pending[0] if pending else (v.backends[0], case_ids[0])
         records.append({
             "backend": b, "case": c, "outcome": "ERROR", "worst_ratio": math.inf, "over_bound": 0, "z": None,
@@ -167,10 +171,12 @@ def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path)
 
 def run_vendor(
     v: Vendor, profile: str, case_ids: list[str], jobs: int = 1, log: Callable[[str], None] = print,
-    only: list[str] | None = None,
+    only: list[str] | None = None, tactics: str = "default",
 ) -> list[VRow]:
     """The unpatched control, then every patch (``only``: those slugs), each through every adapter
-    of ``v`` on ``case_ids``, ``jobs`` worker processes at a time; rows in that order."""  # fmt: skip
+    of ``v`` on ``case_ids`` (with ``tactics``, also under the adapters' declared tactics, each a
+    row of its own: ``registry.with_tactics``), ``jobs`` worker processes at a time; rows in that
+    order."""  # fmt: skip
     src = v.locate()
     patches = [p for p in v.patches if not only or p.slug in only]
     unknown = sorted(set(only or ()) - {p.slug for p in v.patches})
@@ -183,7 +189,7 @@ def run_vendor(
         for p in patches:  # every patch applies before anything runs: a stale patch is an error up front
             roots[p.slug] = apply(src, tmp_path / p.slug, v.package, p)
         log(f"{v.name}: {src} copied; {len(patches)} patches applied; adapters {', '.join(v.backends)}")
-        base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl")
+        base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl", tactics)
         control = _rows(None, v, base, {})
         if not any(r.runs for r in control):
             reasons = sorted({f"{r['backend']}: {r['reason']}" for r in base})
@@ -192,7 +198,8 @@ def run_vendor(
         digests = {(r["backend"], r["case"]): r["digest"] for r in base}
 
         def one(p: Patch) -> list[VRow]:
-            rows = _rows(p, v, _worker(v, roots[p.slug], profile, case_ids, tmp_path / f"{p.slug}.jsonl"), digests)
+            recs = _worker(v, roots[p.slug], profile, case_ids, tmp_path / f"{p.slug}.jsonl", tactics)
+            rows = _rows(p, v, recs, digests, [r.backend for r in control])
             log(f"{p.slug}: " + ", ".join(f"{r.backend} {r.verdict}" for r in rows))
             return rows
 
@@ -201,17 +208,23 @@ def run_vendor(
     return control + patched
 
 
-def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, str], str]) -> list[VRow]:
-    """The worker's records of one copy, a row per adapter."""
+def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, str], str],
+          backends: list[str] | None = None) -> list[VRow]:  # fmt: skip
+    """The worker's records of one copy, a row per adapter (and per tactic of it: ``backends``, the
+    control's rows, else those the records name after the vendor's adapters)."""
     rows = {}
-    for b in v.backends:
+    for b in backends or list(dict.fromkeys([*v.backends, *(r["backend"] for r in recs)])):
         if p is None:
             rows[b] = VRow(f"{v.name}:unpatched", "the vendor source as shipped", None, "control", backend=b,
                            category="-")  # fmt: skip
         else:
             rows[b] = VRow(f"{v.name}:{p.slug}", p.fault, None, "immaterial", backend=b, category=p.category)
     for r in recs:
-        row = rows[r["backend"]]
+        row = rows.get(r["backend"])
+        if row is None:  # a backend the control never recorded (its worker died first): a row of its own
+            row = rows[r["backend"]] = VRow(f"{v.name}:{p.slug if p else 'unpatched'}", p.fault if p else "",
+                                            None, "immaterial" if p else "control", backend=r["backend"],
+                                            category=p.category if p else "-")  # fmt: skip
         if r["outcome"] == "SKIP":
             row.skips += 1
             continue
@@ -226,6 +239,7 @@ def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, st
             row.failure = row.failure or f"{r['case']}: {r['reason']}"[:400]
         row.worst_ratio = max(row.worst_ratio, math.inf if r["outcome"] == "ERROR" else r["worst_ratio"])
         row.worst_z = max(row.worst_z, r["z"] or 0.0)
+        row.worst_energy = max(row.worst_energy, r.get("energy") or 0.0)
         row.z_only += int(r["outcome"] == "FAIL" and r["z_fired"] and not r["over_bound"])
         for rule in PEER_RULES:
             row.peer_catches[rule] = row.peer_catches.get(rule, 0) + int(r["peers"][rule])

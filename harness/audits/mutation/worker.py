@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--case", action="append", required=True)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--tactics", default="default")
     args = ap.parse_args(argv)
 
     from mxmoe.harness.audits.mutation.patched import vendor
@@ -57,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     from mxmoe.harness.judge.bounds import reference_and_bound
     from mxmoe.harness.judge.engine import peer_verdicts, run_case
     from mxmoe.harness.run.profiles import profile_cases
-    from mxmoe.harness.run.registry import discover, select
+    from mxmoe.harness.run.registry import discover, select, with_tactics
 
     arch = v.interpret_as if interpreted else host_arch()
     device = "cpu" if interpreted else device_for(arch)
     wanted = set(args.case)
     cases = [c for c in profile_cases(args.profile) if c.id in wanted]
-    backends = [item.backend for item in select(discover(), tuple(args.backend))]
+    backends = [item.backend for item in with_tactics(select(discover(), tuple(args.backend)), args.tactics)]
     args.out.write_text("")
     for case in cases:
         inputs, bounds = None, {}
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             record = {
                 "backend": backend.declaration.id, "case": case.id, "outcome": result.outcome,
                 "reason": result.reason, "worst_ratio": m.worst_ratio, "over_bound": m.over_bound,
-                "z": m.systematic_z, "z_fired": m.systematic_fired,
+                "z": m.systematic_z, "z_fired": m.beyond_bound_fired, "energy": m.energy_ratio,
                 "peers": peer_verdicts(m) if result.outcome != "ERROR" else dict.fromkeys(PEER_RULES, True),
                 "digest": digest, "interpreted": interpreted,
             }  # fmt: skip
