@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -196,8 +196,6 @@ class Backend:
         """Force the declared tactic ``name`` on this instance: its declaration becomes
         ``<id>-tactic-<name>`` of the tactic's architectures, so every verdict names the tactic.
         A ValueError names the declared ones otherwise."""
-        import dataclasses
-
         d = type(self).declaration
         found = {t.name: t for t in d.tactics}
         if name not in found:
@@ -205,7 +203,7 @@ class Backend:
         t = found[name]
         self.tactic = t
         archs = tuple(a for a in d.archs if a in t.archs) or t.archs
-        self.declaration = dataclasses.replace(  # type: ignore[misc]  # an instance's own declaration
+        self.declaration = replace(  # type: ignore[misc]  # an instance's own declaration
             d, id=f"{d.id}-tactic-{name}", archs=archs, description=f"{d.description}; tactic {name}: {t.why}"
         )
 

@@ -30,6 +30,11 @@ def generator_for(case_id: str, device: str | torch.device = "cpu") -> torch.Gen
     return gen
 
 
+TRAINED_SCALE_BYTES = (118, 124)
+"""The scale bytes ``random_mxfp4_weights`` draws by default (weights of about a trained layer's
+magnitude), from which ``_trained_biases`` sizes the biases."""
+
+
 def random_mxfp4_weights(
     gen: torch.Generator,
     num_experts: int,
@@ -37,7 +42,7 @@ def random_mxfp4_weights(
     intermediate: int,
     *,
     bias: bool = True,
-    scale_bytes: tuple[int, int] = (118, 124),
+    scale_bytes: tuple[int, int] = TRAINED_SCALE_BYTES,
     w13_layout: str = "interleaved",
     device: str | torch.device = "cpu",
 ) -> MoEWeights:
@@ -195,9 +200,6 @@ def _layer_weights(case: Case, device: str | torch.device) -> MoEWeights:
     )
 
 
-TRAINED_SCALE_BYTES = (118, 124)
-"""The scale bytes ``random_mxfp4_weights`` draws by default, from which ``_trained_biases`` sizes
-the biases."""
 _FP4_MEAN_SQUARE = sum(v * v for v in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)) / 8
 """E[v^2] of an E2M1 value whose 16 codes are equally likely (the sign does not matter)."""
 

@@ -162,30 +162,23 @@ def combined_terms(plan: Plan, exact: SlotTerms | None, owns: list[SlotTerms | N
     if exact is None or any(o is None for o in owns):
         return None
     dev = exact.ids.device
+    widths = [hi - lo for lo, hi in (tp_shard(plan.case.intermediate, plan.world, r) for r in range(plan.world))]
 
-    def cpu(t: torch.Tensor | None) -> torch.Tensor | None:  # every rank's terms where rank 0 judges
-        return None if t is None else t.to(dev)
+    def here(t: torch.Tensor) -> torch.Tensor:  # every rank's terms where rank 0 judges
+        return t.to(dev)
 
-    if plan.mode == "tp":
-        widths = [hi - lo for lo, hi in (tp_shard(plan.case.intermediate, plan.world, r) for r in range(plan.world))]
-
-        def joined(name: str) -> torch.Tensor | None:
-            parts = [getattr(o, name) for o in owns]
-            if any(p is None for p in parts):
-                return None
-            return torch.cat([cpu(p)[..., :w] for p, w in zip(parts, widths)], dim=-1)
-    else:
-
-        def joined(name: str) -> torch.Tensor | None:
-            parts = [getattr(o, name) for o in owns]
-            if any(p is None for p in parts):
-                return None
-            return sum(cpu(p) for p in parts)
+    def joined(name: str) -> torch.Tensor | None:
+        parts = [getattr(o, name) for o in owns]
+        if any(p is None for p in parts):
+            return None
+        if plan.mode == "tp":
+            return torch.cat([here(p)[..., :w] for p, w in zip(parts, widths)], dim=-1)
+        return sum(here(p) for p in parts)
 
     return SlotTerms(
-        ids=cpu(exact.ids), slot_out=cpu(exact.slot_out), weight=cpu(exact.weight),
+        ids=exact.ids, slot_out=exact.slot_out, weight=exact.weight,
         intermediate=joined("intermediate"), intermediate_sq=joined("intermediate_sq"),
-        variance=sum(cpu(o.variance) for o in owns) + reduction**2, coherent=sum(cpu(o.coherent) for o in owns),
+        variance=sum(here(o.variance) for o in owns) + reduction**2, coherent=sum(here(o.coherent) for o in owns),
         bias13_effect=joined("bias13_effect") if exact.bias13_effect is not None else None,
     )  # fmt: skip
 

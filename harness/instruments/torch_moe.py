@@ -50,7 +50,8 @@ class TorchMoE(Backend):
         dt = _DTYPES[self.gemm]
         # One expert at a time, into one preallocated tensor: the float64 dequantization of all
         # gpt-oss experts at once is 6 GB, and a stack of per-expert copies doubles the peak.
-        w13, w2 = (self._dequantized(b, s, dt) for b, s in ((w.w13_blocks, w.w13_scales), (w.w2_blocks, w.w2_scales)))
+        w13 = self._dequantized(w.w13_blocks, w.w13_scales, dt)
+        w2 = self._dequantized(w.w2_blocks, w.w2_scales, dt)
         b13 = None if w.w13_bias is None else w.w13_bias.float()
         return Prepared(w13, w2, b13, None if w.w2_bias is None else w.w2_bias.float())
 

@@ -63,6 +63,11 @@ LAMBDA = 8.0
 at most 2 exp(-LAMBDA^2 / 2) = 2.5e-14 under the model of independent rounding errors."""
 
 
+def significand_bits(dtype: torch.dtype) -> int:
+    """Significand bits of an output dtype, the implicit one included (bf16: 8)."""
+    return _IEEE[_DTYPE_POINT[dtype]][0] + 1
+
+
 def _half_ulp(m: torch.Tensor, mbits: int, emin: int) -> torch.Tensor:
     """Half an ulp of magnitude ``m`` in a format with ``mbits`` mantissa bits and smallest normal
     exponent ``emin`` (the largest rounding error of any value of magnitude up to ``m``)."""

@@ -35,6 +35,8 @@ The hypotheses (each a projection, z = (|P| - coherent) / s):
 * slot: the error of token t along slot j's output ``w_j y_j``: a wrong routing weight, a slot
   dropped or doubled, a wrong expert's output;
 * expert: the same summed over every slot routed to expert e: an expert scaled wrong;
+* bias2, bias13: the same along the expert's change per unit of its biases, ``w_j b2_e`` and
+  ``w_j W2_e (df/dg b_gate + df/du b_up)`` (a bias dropped, doubled or another expert's);
 * block: the error of output element h over the tokens of expert e along the contribution of w2
   block (h, b) (``w_j sum_{i in b} a_ji W2_e[h, i]``): one E8M0 byte of w2 off (a wrong power of
   two scales exactly that contribution).
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mxmoe.harness.judge.bounds import Bounded, SlotTerms
+from mxmoe.harness.judge.bounds import Bounded, SlotTerms, significand_bits
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
 
@@ -225,7 +227,6 @@ def systematic_test(
     return Systematic(z=best.z, threshold=threshold(n, alpha), hypotheses=n, family=best.family, where=best.where)
 
 
-_SIGNIFICAND_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
 _NORMS: dict[str, float] = {}
 """Squared spectral norms of dequantized w2 matrices, by a digest of their bytes: a sweep judges
 many backends on one layer, and an SVD of gpt-oss's 2880 x 2880 costs about a second."""
@@ -331,6 +332,6 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     coherent = float(terms.coherent.norm())
     threshold_ratio = (math.sqrt(bound) + coherent) ** 2 / trace
     ratio = energy / trace
-    bits = _SIGNIFICAND_BITS.get(got.dtype, 53)
+    bits = significand_bits(got.dtype)
     eff = bits - 0.5 * math.log2(ratio) if ratio > 0 else math.inf
     return Energy(ratio=ratio, threshold=threshold_ratio, effective_bits=eff, declared_bits=bits)

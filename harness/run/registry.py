@@ -181,7 +181,7 @@ def with_tactics(loaded: list[Loaded], tactics: str = "default") -> list[Loaded]
     out = []
     for item in loaded:
         out.append(item)
-        if item.spec.count(TACTIC_MARK):
+        if TACTIC_MARK in item.spec:
             continue
         for t in item.backend.declaration.tactics:
             if wanted is None or t.name in wanted:

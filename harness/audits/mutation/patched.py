@@ -212,19 +212,15 @@ def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, st
           backends: list[str] | None = None) -> list[VRow]:  # fmt: skip
     """The worker's records of one copy, a row per adapter (and per tactic of it: ``backends``, the
     control's rows, else those the records name after the vendor's adapters)."""
-    rows = {}
-    for b in backends or list(dict.fromkeys([*v.backends, *(r["backend"] for r in recs)])):
+    def new_row(b: str) -> VRow:
         if p is None:
-            rows[b] = VRow(f"{v.name}:unpatched", "the vendor source as shipped", None, "control", backend=b,
-                           category="-")  # fmt: skip
-        else:
-            rows[b] = VRow(f"{v.name}:{p.slug}", p.fault, None, "immaterial", backend=b, category=p.category)
+            return VRow(f"{v.name}:unpatched", "the vendor source as shipped", None, "control", backend=b, category="-")
+        return VRow(f"{v.name}:{p.slug}", p.fault, None, "immaterial", backend=b, category=p.category)
+
+    rows = {b: new_row(b) for b in backends or list(dict.fromkeys([*v.backends, *(r["backend"] for r in recs)]))}
     for r in recs:
-        row = rows.get(r["backend"])
-        if row is None:  # a backend the control never recorded (its worker died first): a row of its own
-            row = rows[r["backend"]] = VRow(f"{v.name}:{p.slug if p else 'unpatched'}", p.fault if p else "",
-                                            None, "immaterial" if p else "control", backend=r["backend"],
-                                            category=p.category if p else "-")  # fmt: skip
+        # a backend the control never recorded (its worker died first) gets a row of its own
+        row = rows.setdefault(r["backend"], new_row(r["backend"]))
         if r["outcome"] == "SKIP":
             row.skips += 1
             continue
