@@ -39,13 +39,19 @@ from pathlib import Path
 from mxmoe.harness.audits.catalogue import BAD_VERDICTS
 from mxmoe.harness.e2e.layercheck import LAYER_TEST_ID
 from mxmoe.reports.collect import Collection
-from mxmoe.reports.policy import Policy
+from mxmoe.reports.policy import EVIDENCE, Policy
 
 SCHEMA = 1
 """Version of ``signoff.json``; a consumer meeting another must say so."""
 XPASS_PREFIX = "unexpected pass of a strict xfail"
 OUTCOMES = ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS")
 BAD = ("FAIL", "ERROR", "XPASS")
+SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "padding audit", "model check", "GPQA",
+                 "report")  # fmt: skip
+"""The steps of ``python -m harness signoff``, in order; its manifest (``signoff-steps.json``)
+records each but the last, and a step it does not list did not run."""
+STEP_STATUSES = ("ran", "skipped", "failed", "interrupted", "not run")
+"""A step's status in the manifest and the report ("not run": absent from its manifest)."""
 
 
 def outcome_of(rec: dict) -> str:
@@ -430,16 +436,23 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
         judged = now is None or (kinds.get(backend, "backend") == "backend" and policy.blocks(backend))
         (reasons if policy.block_flaky and judged else warnings).append(entry)
 
-    # The sign-off's own steps: one that failed or did not run leaves its part of the verdict unknown.
+    # The sign-off's own steps: one that failed, was interrupted or did not run leaves its part of the
+    # verdict unknown. A manifest is read for what it lacks too: a step it does not list did not run
+    # (a job killed at its time limit leaves a manifest of the steps before).
     steps = []
     for manifest in collection.steps:
         host = (manifest.get("host") or {}).get("hostname")
-        for st in manifest["steps"]:
-            steps.append(st | {"host": host, "arch": (manifest.get("host") or {}).get("arch", "")})
+        arch = (manifest.get("host") or {}).get("arch", "")
+        listed = {st["name"] for st in manifest["steps"]}
+        absent = [{"name": name, "status": "not run", "exit_status": None, "seconds": None,
+                   "reason": "not in the manifest: the sign-off stopped before this step"}
+                  for name in manifest.get("planned") or SIGNOFF_STEPS[:-1] if name not in listed]  # fmt: skip
+        for st in [*manifest["steps"], *absent]:
+            steps.append(st | {"host": host, "arch": arch})
             if st["status"] != "ran":
-                what = "failed" if st["status"] == "failed" else "did not run"
+                what = {"failed": "failed", "interrupted": "was interrupted"}.get(st["status"], "did not run")
                 status = f" (exit status {st['exit_status']})" if st.get("exit_status") is not None else ""
-                reasons.append({"rule": "signoff-step", "backend": "", "arch": steps[-1]["arch"],
+                reasons.append({"rule": "signoff-step", "backend": "", "arch": arch,
                                 "text": f"sign-off step '{st['name']}' on {host} {what}{status}: "
                                         f"{_first_line(st.get('reason', ''))}"})  # fmt: skip
 
@@ -451,6 +464,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     for row in rows:
         if row["production"] and sum(row["counts"].values()) > row["counts"]["SKIP"]:
             judged_production.setdefault(row["arch"], []).append(row["backend"])
+    evidence = _evidence(collection, policy, judged_production, checks, gpqa, faults, reasons)
 
     failures = [_failure(r, "kernel cases") for r in kernel if outcome_of(r) in BAD]
     failures += [_failure(r, "model check") for r in layer_recs if outcome_of(r) in BAD]
@@ -471,6 +485,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "verdict": "",
         "production": judged_production,
+        "evidence": evidence,
         "steps": steps,
         "reasons": reasons,
         "warnings": warnings,
@@ -508,6 +523,42 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     return report
 
 
+def _evidence(collection: Collection, policy: Policy, production: dict[str, list[str]], checks: list[dict],
+              gpqa: list[dict], faults: list[dict], reasons: list[dict]) -> dict:  # fmt: skip
+    """The evidence a SHIP rests on (``[evidence]``): each kind the policy does not waive must be in
+    the results on every architecture where a production kernel was judged, or a reason names it.
+    Returns what the verdict rests on, what was waived and what is missing (names of ``EVIDENCE``)."""
+    needed = policy.evidence()
+    missing: list[str] = []
+
+    def lack(kind: str, arch: str, text: str, command: str) -> None:
+        hint = f"`python -m harness {command}` records it; a policy may waive it: [evidence] waive = [\"{kind}\"]"
+        reasons.append({"rule": "evidence", "backend": "", "arch": arch, "text": f"{text} ({hint})"})
+        if EVIDENCE[kind] not in missing:
+            missing.append(EVIDENCE[kind])
+
+    for arch, judged in sorted(production.items()):
+        if not judged:
+            continue
+        if "catalogue" in needed and not any(f["arch"] == arch and not f["vendor"] for f in faults):
+            lack("catalogue", arch, f"no fault catalogue on {arch} in these results: the harness's detection power "
+                 "there is unmeasured", "mutants")  # fmt: skip
+        if "model-check" in needed and not any(
+            m["arch"] == arch and m["backend"] in judged and not m["planted"] for m in checks
+        ):
+            lack("model-check", arch, f"no model check of a production kernel on {arch} in these results",
+                 "model-check")  # fmt: skip
+        runs = [g for g in gpqa if g["arch"] == arch and g["backend"] in judged]
+        if "gpqa" in needed and not any(g["outcome"] in ("PASS", "FAIL") for g in runs):
+            seen = "; ".join(f"{g['backend']} {g['outcome']}" for g in runs[:3]) or "none ran"
+            lack("gpqa", arch, f"no GPQA run of a production kernel on {arch} with the power to see a "
+                 f"{policy.gpqa_min_drop:.0%} drop in these results ({seen})", "gpqa")  # fmt: skip
+    if "padding" in needed and any(production.values()) and collection.padding is None:
+        lack("padding", "", "no padding audit in these results", "padding --json FILE")
+    return {"rests_on": [EVIDENCE[k] for k in needed if EVIDENCE[k] not in missing],
+            "waived": [EVIDENCE[k] for k in policy.evidence_waive], "missing": missing, "policy": policy.source}
+
+
 NO_PRODUCTION = "NO PRODUCTION KERNEL JUDGED"
 VERDICTS = ("SHIP", "BLOCKED", NO_PRODUCTION)
 
@@ -518,6 +569,23 @@ def verdict_of(reasons: list[dict], production: dict[str, list[str]]) -> str:
     if reasons:
         return "BLOCKED"
     return "SHIP" if any(production.values()) else NO_PRODUCTION
+
+
+def headline(report: dict) -> str:
+    """The verdict as one line: a SHIP says what it rests on and what the policy waived."""
+    verdict = report["verdict"]
+    ev = report.get("evidence") or {}
+    if verdict != "SHIP" or not ev:
+        return verdict
+    rests = ev["rests_on"]
+    if not ev["waived"]:
+        return f"SHIP on {_joined(rests)}"
+    only = " only" if len(rests) == 1 else ""
+    return f"SHIP on {_joined(rests)}{only}: {_joined(ev['waived'])} waived by policy {ev['policy']}"
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def production_line(report: dict) -> str:

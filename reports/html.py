@@ -207,4 +207,4 @@ def html(report: dict) -> str:
     return template.render(r=report, plots=plots, ran=render.ran, gpqa_cell=render.gpqa_cell,
                            model_check_cell=render.model_check_cell, padding_cell=render.padding_cell,
                            bits_cell=render.bits_cell, build_cell=render.build_cell,
-                           production_line=render.production_line)  # fmt: skip
+                           production_line=render.production_line, headline=render.headline)  # fmt: skip

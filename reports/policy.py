@@ -19,6 +19,18 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_FILE = Path(__file__).with_name("policy.toml")
+NAMED = {"default": DEFAULT_FILE, "kernels-only": Path(__file__).with_name("policy-kernels-only.toml")}
+"""Policies shipped with the harness, by the name ``--policy`` takes in place of a file."""
+EVIDENCE = {
+    "kernels": "kernel checks",
+    "catalogue": "fault catalogue",
+    "padding": "padding audit",
+    "model-check": "model check",
+    "gpqa": "GPQA with power",
+}
+"""The kinds of evidence a SHIP rests on, and their names in the headline and the reasons; every
+kind but ``kernels`` may be waived (``[evidence] waive``)."""
+WAIVABLE = tuple(k for k in EVIDENCE if k != "kernels")
 REQUIRED_CASES = ("pr", "nightly", "any")
 """``[required] cases``: a profile whose cases (those the backend declares on the arch) a required
 backend must all have run, or ``any`` (one case run is enough)."""
@@ -46,6 +58,7 @@ class Policy:
     model_check_block: bool
     baseline_block_accuracy_regression: bool
     baseline_alpha: float
+    evidence_waive: tuple[str, ...]
     source: str
 
     def blocks(self, backend: str) -> bool:
@@ -55,6 +68,10 @@ class Policy:
     def required(self, backend: str) -> bool:
         """Whether ``backend`` must have run."""
         return any(fnmatch.fnmatchcase(backend, p) for p in self.required_backends)
+
+    def evidence(self) -> tuple[str, ...]:
+        """The evidence kinds a SHIP needs under this policy (``EVIDENCE`` less the waived)."""
+        return tuple(k for k in EVIDENCE if k not in self.evidence_waive)
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -75,6 +92,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("model_check", "block"): ("model_check_block", bool),
     ("baseline", "block_accuracy_regression"): ("baseline_block_accuracy_regression", bool),
     ("baseline", "alpha"): ("baseline_alpha", float),
+    ("evidence", "waive"): ("evidence_waive", list),
 }
 
 
@@ -108,6 +126,10 @@ def _apply(values: dict[str, object], data: dict, where: str) -> None:
             if kind is list:
                 if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                     raise PolicyError(f"{where}: {table}.{key} must be a list of non-empty strings, got {value!r}")
+                unknown = [v for v in value if v not in WAIVABLE]
+                if name == "evidence_waive" and unknown:
+                    why = " (a SHIP always rests on kernel checks)" if "kernels" in unknown else ""
+                    raise PolicyError(f"{where}: {table}.{key} takes {', '.join(WAIVABLE)}; got {unknown[0]!r}{why}")
                 value = tuple(value)
             elif kind is float:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
@@ -123,11 +145,17 @@ def _apply(values: dict[str, object], data: dict, where: str) -> None:
 
 
 def load_policy(path: str | Path | None = None) -> Policy:
-    """The default policy, with ``path``'s keys over it when given."""
+    """The default policy, with the keys of ``path`` (a file, or a name of ``NAMED``) over it."""
     values: dict[str, object] = {}
     _apply(values, _read(DEFAULT_FILE), str(DEFAULT_FILE))
     source = "default (reports/policy.toml)"
-    if path is not None:
+    if str(path) in NAMED and not Path(str(path)).exists():
+        named = NAMED[str(path)]
+        _apply(values, _read(named), f"--policy {path} ({named.name})")
+        source = f"{path} (reports/{named.name})"
+    elif path is not None:
+        if not Path(path).exists():
+            raise PolicyError(f"--policy {path}: no such file, and not a policy's name ({', '.join(NAMED)})")
         _apply(values, _read(Path(path)), f"--policy {path}")
         source = str(path)
     missing = [name for name, _ in _KEYS.values() if name not in values]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from mxmoe.harness.audits.catalogue import BAD_VERDICTS
-from mxmoe.reports.build import NO_PRODUCTION, production_line
+from mxmoe.reports.build import NO_PRODUCTION, headline, production_line
 
 MD_FAILURES = 10
 """Failures listed in the Markdown (all of them are in the HTML and JSON): a PR comment stays short."""
@@ -82,7 +82,7 @@ def markdown(report: dict) -> str:
         out.append(f"Blocked by {len(report['reasons'])} reason(s):")
         out += [f"- **{r['rule']}**: {r['text']}" for r in report["reasons"]]
     elif report["verdict"] == "SHIP":
-        out.append("Nothing blocks under the policy.")
+        out.append(f"Nothing blocks under the policy: {headline(report)}.")
     else:
         out.append("Nothing blocks under the policy, but no production kernel ran a case: not a sign-off of any "
                    "kernel an inference engine ships.")  # fmt: skip
@@ -209,9 +209,10 @@ def junit(report: dict) -> str:
         for r in f["rows"]:
             case("signoff", f"faults-{f['arch']}-{r['id']}", r["verdict"] if r["verdict"] in BAD_VERDICTS
                  else "PASS", r["fault"])  # fmt: skip
+    step_outcome = {"ran": "PASS", "skipped": "FAIL", "failed": "ERROR", "interrupted": "ERROR", "not run": "FAIL"}
     for st in report.get("steps", []):
-        case("signoff", f"step-{st['host']}-{st['name'].replace(' ', '-')}",
-             {"ran": "PASS", "skipped": "FAIL", "failed": "ERROR"}[st["status"]], st.get("reason", ""))
+        case("signoff", f"step-{st['host']}-{st['name'].replace(' ', '-')}", step_outcome[st["status"]],
+             st.get("reason", ""))  # fmt: skip
     by_id = {f["test_id"]: f for f in report["failures"]}
     for c in report["cases"]:
         message = c["reason"]

@@ -24,9 +24,9 @@ def run_report(results: list[str], out: str | Path, baseline: list[str] | None =
 
 def print_verdict(report: dict, files: dict[str, Path]) -> None:
     """The end of a report run: the verdict, every reason, the files."""
-    from mxmoe.reports.build import production_line
+    from mxmoe.reports.build import headline, production_line
 
-    print(f"\nverdict: {report['verdict']}")
+    print(f"\nverdict: {headline(report)}")
     print(f"  {production_line(report)}")
     for r in report["reasons"]:
         print(f"  BLOCKS {r['rule']}: {r['text']}")
@@ -65,5 +65,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", action="append", metavar="DIR",
                    help="a previous run's results (repeatable): new and fixed failures, ratio and accuracy changes")
     p.add_argument("--policy", metavar="FILE",
-                   help="the verdict's rules (TOML; default and documentation: reports/policy.toml)")  # fmt: skip
+                   help="the verdict's rules: a TOML file (default and documentation: reports/policy.toml) or a "
+                        "policy's name: default, or kernels-only (every evidence but the kernel checks waived)")
     p.set_defaults(fn=_cmd_report, parser=p)

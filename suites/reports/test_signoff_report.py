@@ -68,10 +68,19 @@ def gpqa(folder: Path, label: str, wrong: set[int], baseline: tuple[str, list[di
     return recs
 
 
-def policy_file(tmp: Path, required: list[str], cases: str = "any") -> Path:
-    """A policy requiring ``required``; ``cases`` "any": a required backend's 3 tiny cases suffice."""
+KERNELS_ONLY = ["catalogue", "padding", "model-check", "gpqa"]
+"""``[evidence] waive`` of a policy that gates kernels alone (the named policy ``kernels-only``)."""
+
+
+def policy_file(tmp: Path, required: list[str], cases: str = "any", waive: list[str] | None = None,
+                extra: str = "") -> Path:  # fmt: skip
+    """A policy requiring ``required``; ``cases`` "any": a required backend's 3 tiny cases suffice;
+    ``waive``: the evidence kinds it waives (default: every kind but the kernel checks, for tests of
+    the kernel rules on kernel records alone)."""
     path = tmp / "policy.toml"
-    path.write_text(f"[required]\nbackends = {json.dumps(required)}\ncases = {json.dumps(cases)}\n")
+    waived = KERNELS_ONLY if waive is None else waive
+    path.write_text(f"[required]\nbackends = {json.dumps(required)}\ncases = {json.dumps(cases)}\n"
+                    f"[evidence]\nwaive = {json.dumps(waived)}\n{extra}")  # fmt: skip
     return path
 
 
@@ -225,6 +234,162 @@ def test_runs_that_disagree_block_as_flaky_whichever_came_last(tmp_path):
         assert row["counts"]["FAIL"] == 1 and row["counts"]["PASS"] == 0
 
 
+def test_check_only_results_are_blocked_naming_each_missing_evidence_and_ship_only_where_a_policy_waives_it(
+    tmp_path, capsys
+):
+    """What ``check`` alone records (kernel cases of emulation, portable Triton and an honest outside
+    production kernel): under the default evidence rules BLOCKED, each missing kind named; under a
+    policy that waives them, SHIP with a headline saying what it rests on and what was waived."""
+    for name in ("emulation", "portable-triton", "HonestOutside"):
+        record_cases(tmp_path / "r", backend(name), CASES[:1])
+    (tmp_path / "strict").mkdir()
+    strict = policy_file(tmp_path / "strict", [], waive=[])
+    report, files = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(strict))
+    assert report["verdict"] == "BLOCKED"
+    texts = [r["text"] for r in report["reasons"] if r["rule"] == "evidence"]
+    assert [r["rule"] for r in report["reasons"]] == ["evidence"] * 4, report["reasons"]
+    assert texts[0].startswith(f"no fault catalogue on {ARCH} in these results") and "harness mutants" in texts[0]
+    assert texts[1].startswith(f"no model check of a production kernel on {ARCH} in these results")
+    assert texts[2].startswith(f"no GPQA run of a production kernel on {ARCH} with the power to see a 5% drop")
+    assert texts[3].startswith("no padding audit in these results")
+    assert report["evidence"]["missing"] == ["fault catalogue", "model check", "GPQA with power", "padding audit"]
+    assert all(t in files["md"].read_text() for t in texts)
+
+    waived = policy_file(tmp_path, [])
+    report, files = run_report([str(tmp_path / "r")], tmp_path / "out2", policy=str(waived))
+    assert report["verdict"] == "SHIP" and report["reasons"] == []
+    line = (f"SHIP on kernel checks only: fault catalogue, padding audit, model check and GPQA with power waived "
+            f"by policy {waived}")  # fmt: skip
+    assert line in files["md"].read_text()
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "out3"), "--policy", str(waived)]) == 0
+    assert f"verdict: {line}" in capsys.readouterr().out
+
+
+def test_the_named_kernels_only_policy_waives_all_but_the_kernel_checks_and_no_policy_waives_those(tmp_path):
+    assert load_policy("kernels-only").evidence() == ("kernels",)
+    assert load_policy("kernels-only").source == "kernels-only (reports/policy-kernels-only.toml)"
+    assert load_policy().evidence() == ("kernels", "catalogue", "padding", "model-check", "gpqa")
+    assert load_policy("default").evidence_waive == ()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[evidence]\nwaive = ["kernels"]\n')
+    with pytest.raises(PolicyError, match="a SHIP always rests on kernel checks"):
+        load_policy(bad)
+    bad.write_text('[evidence]\nwaive = ["gpqa", "power"]\n')
+    with pytest.raises(PolicyError, match="evidence.waive takes catalogue, padding, model-check, gpqa; got 'power'"):
+        load_policy(bad)
+    with pytest.raises(PolicyError, match="no such file, and not a policy's name"):
+        load_policy("kernel-only")
+    from mxmoe.harness.distributed.matrix import REPORT
+
+    assert REPORT == ("./dev py -m harness report results --out report --policy kernels-only",)
+
+
+def test_every_kind_of_evidence_present_ships_under_the_default_rules_and_each_one_missing_blocks(tmp_path):
+    """Kernel cases, a run of the fault catalogue, the padding audit, a model check and GPQA of the
+    production kernel with power, each recorded by its own command: SHIP on all five. Taking any one
+    away blocks, naming it. (The catalogue runs one case here, so some faults are not caught: its
+    verdicts are warnings under this policy; they block in the tests above.)"""
+    folder = tmp_path / "r"
+    spec = f"{HERE / 'release_backends.py'}:HonestOutside"
+    record_cases(folder, backend("HonestOutside"))
+    oracle = gpqa(folder, "oracle", wrong={5})
+    gpqa(folder, "honest-outside-kernel", wrong={5}, baseline=("oracle", oracle))
+    assert main(["model-check", "--model", "tiny", "--batch", "2", "--repeats", "0", "--results", str(folder),
+                 "--backend-file", spec, "--backend", "honest-outside-kernel"]) == 0  # fmt: skip
+    assert main(["padding", "--json", str(folder / "padding.json")]) == 0
+    main(["mutants", "--case", "tiny-interleaved-t7", "--json", str(folder / "mutants.json")])
+    policy = str(policy_file(tmp_path, [], waive=[], extra="[faults]\nblock = false\n"))
+    report, files = run_report([str(folder)], tmp_path / "out", policy=policy)
+    assert report["verdict"] == "SHIP", report["reasons"]
+    line = "SHIP on kernel checks, fault catalogue, padding audit, model check and GPQA with power"
+    assert report["evidence"]["rests_on"] == ["kernel checks", "fault catalogue", "padding audit", "model check",
+                                              "GPQA with power"]  # fmt: skip
+    assert f"Nothing blocks under the policy: {line}." in files["md"].read_text()
+    for pattern, named in (("mutants.json", "no fault catalogue"), ("padding.json", "no padding audit"),
+                           ("model-check-*.json", "no model check"),
+                           ("gpqa-*honest-outside-kernel.json", "no GPQA run")):  # fmt: skip
+        partial = tmp_path / f"without-{pattern.split('.')[0].strip('*-')}"
+        shutil.copytree(folder, partial)
+        for f in partial.glob(pattern):
+            f.unlink()
+        report, _ = run_report([str(partial)], tmp_path / "out", policy=policy)
+        assert report["verdict"] == "BLOCKED"
+        assert [r["text"][: len(named)] for r in report["reasons"]] == [named], report["reasons"]
+
+
+def _manifest(folder: Path, names: list[str]) -> None:
+    from mxmoe.harness.run.results import stamp
+
+    steps = [{"name": n, "status": "ran", "exit_status": 0, "reason": "", "seconds": 1.0} for n in names]
+    (folder / "signoff-steps.json").write_text(json.dumps(stamp("signoff-steps") | {"steps": steps}))
+
+
+def test_a_manifest_is_read_for_the_steps_it_lacks(tmp_path):
+    """A sign-off killed at a CI job's time limit leaves a manifest of the steps before: beside
+    results that would ship, it blocks, naming each of the four steps that did not run."""
+    _green(tmp_path / "r", ("emulation", "HonestOutside"))
+    _manifest(tmp_path / "r", ["oracle self-check", "kernel check"])
+    report, files = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    assert report["verdict"] == "BLOCKED"
+    texts = [r["text"] for r in report["reasons"]]
+    assert [t.split("'")[1] for t in texts] == ["fault catalogue", "padding audit", "model check", "GPQA"]
+    assert all("did not run: not in the manifest: the sign-off stopped before this step" in t for t in texts)
+    assert [st["status"] for st in report["steps"]] == ["ran", "ran", "not run", "not run", "not run", "not run"]
+    suites = {s.get("name"): s for s in ET.parse(files["junit"]).getroot()}
+    assert suites["signoff"].get("failures") == str(1 + 4)  # the verdict and the four steps
+
+
+def test_a_sign_off_sent_sigterm_in_its_catalogue_says_so_and_does_not_ship(tmp_path):
+    """The sign-off's own process, its steps made quick and its catalogue endless, gets SIGTERM once the
+    catalogue has begun: it exits 128 + 15 with the manifest naming the interrupted step, and the
+    report on that folder (beside results that would ship) is BLOCKED by it and the steps after."""
+    import signal
+    import subprocess
+    import time
+
+    results = tmp_path / "results"
+    code = f"""
+import sys, time
+import mxmoe.harness.audits.selfcheck as selfcheck
+from mxmoe.harness.cli import signoff
+from mxmoe.harness.cli.app import main
+
+selfcheck.run_selfcheck = lambda device: []
+signoff._signoff_backends = lambda: []
+
+def run(argv):
+    if argv[0] == "mutants":
+        print("catalogue begun", flush=True)
+        time.sleep(300)
+    return 0
+
+signoff._run = run
+sys.exit(main(["signoff", "--results", {str(results)!r}]))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=HERE.parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if "catalogue begun" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "sign-off interrupted by SIGTERM" in err
+    manifest = json.loads((results / "signoff-steps.json").read_text())
+    assert manifest["planned"] == ["oracle self-check", "kernel check", "fault catalogue", "padding audit",
+                                   "model check", "GPQA"]  # fmt: skip
+    assert [(st["name"], st["status"]) for st in manifest["steps"]] == [
+        ("oracle self-check", "ran"), ("kernel check", "ran"), ("fault catalogue", "interrupted")]  # fmt: skip
+    assert manifest["steps"][-1]["reason"].startswith("SIGTERM received")
+    _green(results, ("emulation", "HonestOutside"))
+    report, _ = run_report([str(results)], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    assert report["verdict"] == "BLOCKED"
+    texts = [r["text"] for r in report["reasons"]]
+    assert "'fault catalogue'" in texts[0] and "was interrupted: SIGTERM received" in texts[0]
+    assert [t.split("'")[1] for t in texts[1:]] == ["padding audit", "model check", "GPQA"]
+
+
 def test_a_sign_off_whose_catalogue_step_crashed_does_not_ship(tmp_path):
     from mxmoe.harness.run.results import stamp
 
@@ -237,8 +402,10 @@ def test_a_sign_off_whose_catalogue_step_crashed_does_not_ship(tmp_path):
     report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
     assert report["verdict"] == "BLOCKED"
     texts = [r["text"] for r in report["reasons"] if r["rule"] == "signoff-step"]
-    assert len(texts) == 2 and "'fault catalogue'" in texts[0] and "failed" in texts[0] and "illegal memory" in texts[0]
+    assert len(texts) == 5 and "'fault catalogue'" in texts[0] and "failed" in texts[0] and "illegal memory" in texts[0]
     assert "'GPQA'" in texts[1] and "did not run" in texts[1] and "lm-eval" in texts[1]
+    # and the steps this manifest does not list did not run either
+    assert [t.split("'")[1] for t in texts[2:]] == ["oracle self-check", "padding audit", "model check"]
 
 
 def test_an_underpowered_gpqa_pass_is_unjudged(tmp_path):
