@@ -4,10 +4,12 @@ folder and the sign-off report built from those records (``app``'s docstring lis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -19,9 +21,8 @@ from mxmoe.harness.cli.model import add_parsers as add_model
 from mxmoe.harness.cli.mutants import add_parsers as add_mutants
 from mxmoe.harness.cli.padding import add_parsers as add_padding
 from mxmoe.harness.cli.tables import format_table
+from mxmoe.reports.build import SIGNOFF_STEPS
 
-SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "padding audit", "model check", "GPQA",
-                 "report")  # fmt: skip
 SIGNOFF_GPQA_LIMIT = 4
 """Default questions of the tiny GPQA for backends under Triton's CPU interpreter (about 15 s per
 question on 2 cores); every other backend answers all 200. So few questions conclude nothing (the
@@ -32,6 +33,32 @@ minutes of a 2-core sign-off for the same conclusion."""
 
 class StepSkipped(Exception):
     """A sign-off step that cannot run here (a package missing); the message says why."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT during the sign-off (a CI job's time limit, Ctrl-C). A BaseException, as
+    KeyboardInterrupt is, so that no step's ``except Exception`` takes it for the step's own failure:
+    it ends the step it came in as "interrupted", the manifest is written, and the sign-off stops."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise ``Interrupted`` in the main thread for the duration; the handlers
+    before are put back after."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -50,8 +77,21 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     """The whole sign-off on this machine; every step records into ``--results`` and the report is
     built from those records alone. A step that fails does not stop the next (the report says what
     failed), except the oracle's self-check: an untrustworthy oracle judges nothing. What each step
-    did (ran, skipped and why, failed with its exit status) is written to
-    ``signoff-steps.json``, which the report reads: a step that failed or did not run blocks."""
+    did (ran, skipped and why, failed with its exit status, interrupted) is written to
+    ``signoff-steps.json`` with the steps planned, which the report reads: a step that failed, was
+    interrupted or is missing from it did not run, and blocks. SIGTERM or SIGINT ends the step it
+    came in as interrupted, writes the manifest and exits with 128 + the signal's number."""
+    try:
+        with _interruptible():
+            return _signoff(args)
+    except Interrupted as exc:
+        print(f"\nsign-off interrupted by {exc}: the manifest says in which step and that the rest did not "
+              f"run; `python -m harness report {args.results} --out DIR` reports it (BLOCKED)", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _signoff(args: argparse.Namespace) -> int:
+    """``_cmd_signoff``'s steps (``Interrupted`` passes through, after the manifest is written)."""
     import time
     import traceback
 
@@ -66,8 +106,13 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     steps: list[dict] = []
 
     def write_manifest() -> None:
-        with open(manifest, "w", encoding="utf-8") as f:
-            json.dump(stamp("signoff-steps") | {"steps": steps}, f, indent=1)
+        """Whole or not at all: a signal arriving while it is written must not leave half a file."""
+        tmp = f"{manifest}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(stamp("signoff-steps") | {"planned": list(SIGNOFF_STEPS[:-1]), "steps": steps}, f, indent=1)
+        os.replace(tmp, manifest)
+
+    write_manifest()  # before the first step: a sign-off stopped in it leaves a manifest saying so
 
     def step(n: int, run: Callable[[], int], makes: str | None = None) -> int:
         """Run step ``n``; it ran when it returned a verdict status (0 or 1) and wrote ``makes``."""
@@ -86,6 +131,13 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
         except StepSkipped as exc:
             entry["status"], entry["reason"] = "skipped", str(exc)
             print(f"{name} skipped: {exc}")
+        except Interrupted as exc:
+            entry["status"] = "interrupted"
+            entry["reason"] = f"{exc} received {time.perf_counter() - t0:.0f} s into it: the sign-off stopped here"
+            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            steps.append(entry)
+            write_manifest()
+            raise
         except SystemExit as exc:  # argparse's error exit inside a step
             entry["status"], entry["exit_status"] = "failed", exc.code
             entry["reason"] = f"exited with status {exc.code}"
