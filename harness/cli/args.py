@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -111,9 +112,20 @@ def discover(args: argparse.Namespace) -> list[Loaded]:
     from mxmoe.harness.run import registry
 
     try:
-        return registry.discover(tuple(args.backend_file))
+        loaded = registry.discover(tuple(args.backend_file))
     except ValueError as exc:  # two backends with one id
         raise UsageError(f"--backend-file: {exc}") from None
+    warn_load_failures(loaded)
+    return loaded
+
+
+def warn_load_failures(loaded: list[Loaded]) -> None:
+    """Name each backend that failed to load, with its file, class and exception, on stderr: its
+    class stands in the run under a made-up id, and the reason must not wait for its first case."""
+    from mxmoe.harness.run.registry import load_failures
+
+    for line in load_failures(loaded):
+        print(f"warning: backend {line} (each of its cases is an ERROR carrying the traceback)", file=sys.stderr)
 
 
 def host_line(device: str) -> str:

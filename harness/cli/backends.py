@@ -24,8 +24,7 @@ def availability(loaded: Loaded, arch: str) -> str | None:
     backend = loaded.backend
     d = backend.declaration
     if isinstance(backend, BrokenBackend):
-        last = [line for line in backend.error.strip().splitlines() if line.strip()][-1:]
-        return f"failed to load {loaded.spec}: {last[0].strip() if last else 'unknown error'}"
+        return f"failed to load {backend.failure}"
     if arch not in d.archs:
         return f"{d.id} does not run on {arch} (declared: {', '.join(d.archs)})"
     if arch != host_arch():

@@ -58,7 +58,7 @@ def backend_picker(backend_files: list[str]) -> Callable[[str, str], Loaded]:
     """``one(pattern, what)``: the single backend ``pattern`` names among the registry's, the files
     given and the catalogue's faults (which can be planted or run whole); a UsageError naming
     ``what`` when it names none or several."""
-    from mxmoe.harness.cli.args import UsageError
+    from mxmoe.harness.cli.args import UsageError, warn_load_failures
     from mxmoe.harness.instruments.faults import mutant_specs
     from mxmoe.harness.run.registry import discover, select
 
@@ -66,6 +66,7 @@ def backend_picker(backend_files: list[str]) -> Callable[[str, str], Loaded]:
         loaded = discover((*backend_files, *mutant_specs()))
     except ValueError as exc:
         raise UsageError(f"--backend-file: {exc}") from None
+    warn_load_failures(loaded)
 
     def one(pattern: str, what: str) -> Loaded:
         try:

@@ -183,6 +183,19 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Each ``--backend-file`` (or installed) backend that failed to load, with its file, class and
+    exception, at the head of the run: its tests carry a made-up id, and each is an ERROR."""
+    from mxmoe.harness.run.registry import load_failures
+
+    if not config.getoption("--backend-file"):
+        return []
+    try:
+        return [f"backend {line}" for line in load_failures(selected_backends(config))]
+    except pytest.UsageError:  # reported where the backends are selected, with the failures in it
+        return []
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per CPU core, and never fewer than the visible GPUs (each worker is

@@ -70,9 +70,21 @@ class BrokenBackend(Backend):
         ident = "".join(c if c.isalnum() else "-" for c in name).strip("-") or "broken"
         self.declaration = Declaration(id=ident, archs=ARCHS, description=f"failed to load {spec}")
 
+    @property
+    def failure(self) -> str:
+        """Where and why, in one line: the spec (file or module, and class) and the exception."""
+        lines = [line.strip() for line in self.error.strip().splitlines() if line.strip()]
+        return f"{self.spec}: {lines[-1] if lines else 'unknown error'}"
+
     def convert(self, inputs: CaseInputs) -> None:
         """Re-raise the load failure, so that the engine records it as this case's ERROR."""
         raise RuntimeError(f"backend {self.spec} failed to load:\n{self.error}")
+
+
+def load_failures(loaded: list[Loaded]) -> list[str]:
+    """One line per backend that failed to load (``BrokenBackend.failure``): what every front-end
+    shows where backends are named, since a broken class has no declared id to be found by."""
+    return [f"failed to load {item.backend.failure}" for item in loaded if isinstance(item.backend, BrokenBackend)]
 
 
 @dataclass(frozen=True)
@@ -159,8 +171,9 @@ def select(loaded: list[Loaded], patterns: tuple[str, ...] = ()) -> list[Loaded]
     for pat in patterns:
         hits = [item for item in loaded if fnmatch.fnmatchcase(item.backend.declaration.id, pat)]
         if not hits:
-            ids = ", ".join(item.backend.declaration.id for item in loaded)
-            raise ValueError(f"--backend {pat!r} matches no backend; available: {ids}")
+            ids = ", ".join(i.backend.declaration.id for i in loaded if not isinstance(i.backend, BrokenBackend))
+            broken = "".join(f"; {line}" for line in load_failures(loaded))
+            raise ValueError(f"--backend {pat!r} matches no backend; available: {ids}{broken}")
         chosen.extend(h for h in hits if h not in chosen)
     return chosen
 

@@ -77,6 +77,38 @@ def test_backends_json_lists_files_too(tmp_path):
     assert broken["runs_here"] is False and "NameError" in broken["why_not"]
 
 
+DOTTED = """
+from mxmoe.harness.contract.backend import Declaration
+from mxmoe.harness.instruments.torch_moe import TorchMoE
+
+
+class DottedId(TorchMoE):
+    declaration = Declaration(id="my.kernel", archs=("cpu",), description="an id with a dot")
+"""
+
+
+def test_a_backend_file_failing_at_import_is_named_with_its_exception_wherever_backends_are_named(tmp_path):
+    """A class that raises while its module imports (a declaration id with a dot) has no id to be
+    selected by: ``check``, ``backends`` and pytest name its file, class and exception, not only a
+    made-up id in a list."""
+    path = tmp_path / "dotted.py"
+    path.write_text(DOTTED)
+    failure = f"failed to load {path}:DottedId: ValueError: Declaration.id must be lower-case tokens joined by '-'"
+    proc = harness("check", "--backend-file", f"{path}:DottedId", "--backend", "my-*", "-k", "tiny-interleaved-t1")
+    assert proc.returncode == 2 and "--backend 'my-*' matches no backend" in proc.stderr
+    assert f"; {failure}" in proc.stderr and "dottedid" not in proc.stderr.split("available:")[1].split(";")[0]
+    proc = harness("backends", "--backend-file", f"{path}:DottedId")
+    assert proc.returncode == 0 and f"warning: backend {failure}" in proc.stderr
+    assert failure in next(line for line in proc.stdout.splitlines() if line.startswith("dottedid"))
+    pytest_argv = [sys.executable, "-m", "pytest", "suites/engine/test_differential.py", "--co", "-p",
+                   "no:cacheprovider", "--backend-file", f"{path}:DottedId"]  # fmt: skip
+    proc = subprocess.run([*pytest_argv, "--backend", "my-*"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and failure in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = subprocess.run([*pytest_argv, "--backend", "dottedid"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert proc.returncode == 0 and f"backend {failure}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_backends_here_runs_the_emulation():
     proc = harness("backends", "--json")
     emu = next(e for e in json.loads(proc.stdout) if e["id"] == "emulation")
