@@ -118,6 +118,18 @@ class FlashInferCutlassMxfp4Bf16OldLayout(FlashInferCutlassMxfp4Bf16):
         kind="instrument",
     )
 
+    def built_to_fail(self) -> str | None:
+        """From FlashInfer 0.6.10 on, the kernel reads another layout than the one fed here: it
+        must FAIL over the bound there (measured on an H200 with 0.6.14: 49.5x, no error raised);
+        on 0.6.9 and before the layout is the kernel's own and it must PASS."""
+        from mxmoe.harness.upstream.fetch import release
+        from mxmoe.kernels.flashinfer_common import installed_version
+
+        version = installed_version()
+        if version is None or release(version) < release("0.6.10"):
+            return None
+        return f"a FAIL over the bound: FlashInfer {version} reads the layout of 0.6.10 and later"
+
     def target(self, case: Case) -> Target:
         """The declared target with FlashInfer 0.6.9's SM90 layout."""
         return replace(super().target(case), storage=SM90_LAYOUTS["0.6.9"])

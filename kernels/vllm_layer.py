@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -107,6 +108,10 @@ class VllmLayer(VendorKernel):
     """FlashInfer's JIT module of the kernel vLLM calls, by architecture (the FlashInfer backends):
     vLLM's call would otherwise start an hour of nvcc where it is not built."""
     flashinfer_build: dict[str, object] | None = None
+    needs_ops: ClassVar[bool] = False
+    """Whether vLLM's layer calls vLLM's compiled ops for this backend (docs/vllm.md's table:
+    TRITON_UNFUSED's activation, MARLIN's GEMMs): where vLLM is booted from the runtime without the
+    project's ops build, such a backend cannot run, and the SKIP says which command builds them."""
 
     base_backend: ClassVar[type | None] = None
     """The project's direct adapter of the same kernel: its shape limits are the kernel's, and hold
@@ -175,6 +180,13 @@ class VllmLayer(VendorKernel):
                 importlib.import_module(name)
             except Exception as exc:  # vLLM's imports fail in many ways (compiled ops, versions)
                 raise BackendUnavailable(f"{d.id}: {name} did not import: {type(exc).__name__}: {exc}") from exc
+        booted = getattr(self, "booted", None) or {}
+        if self.needs_ops and booted and not booted["source"].startswith("installed") and not booted["ops"]:
+            raise BackendUnavailable(
+                f"{d.id}: vLLM's {self.vllm_backend} calls vLLM's compiled ops, and vLLM runs here from the "
+                "project's runtime without them: build them on this GPU machine with `python -m harness "
+                "build-vllm-ops` (about a minute; docs/vllm.md)"
+            )
         if self.jit_modules:
             from mxmoe.harness.contract.platforms import host_arch
             from mxmoe.kernels.flashinfer_common import require_compiled
@@ -239,7 +251,12 @@ class VllmLayer(VendorKernel):
         for name, t in ckpt.items():  # vLLM's gpt-oss loader: into the leading slice of the zeroed tensor
             if t is not None and hasattr(layer, name):
                 getattr(layer, name).data[tuple(slice(0, s) for s in t.shape)].copy_(t)
-        method.process_weights_after_loading(layer)
+        try:
+            method.process_weights_after_loading(layer)
+        except AssertionError as exc:
+            if case.bias:
+                raise
+            raise BackendUnavailable(_refused_without_bias(self.vllm_backend, exc)) from exc
         return Prepared(method, layer, hidden, hp)
 
     def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
@@ -257,6 +274,23 @@ class VllmLayer(VendorKernel):
             weights = round_to(routing.weights, "fp32").to(torch.float32)
             y = method.apply(layer, x, weights, routing.ids.to(torch.int32), None, None)
         out.copy_(y[..., : prepared.hidden])
+
+
+OPS_BACKENDS = ("TRITON_UNFUSED", "MARLIN")
+"""vLLM's MXFP4 backends whose layer calls vLLM's compiled ops on CUDA (``VllmLayer.needs_ops``)."""
+
+
+def _refused_without_bias(vllm_backend: str, exc: AssertionError) -> str:
+    """Why the driver declines a case without biases that vLLM's conversion refused: GPT-OSS's
+    checkpoints always carry both biases, so ``GptOssMxfp4MoEMethod`` never sees such a layer in
+    vLLM, and an assertion of its conversion there is no finding about the kernel. The reason names
+    vLLM's own check (file, line and statement)."""
+    import traceback
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    where = f"{Path(frame.filename).name}:{frame.lineno} `{frame.line}`" if frame.line else Path(frame.filename).name
+    return (f"vLLM's {vllm_backend} weight conversion refuses a layer without biases ({where}); "
+            "GPT-OSS checkpoints always have them, so vLLM never sends this case")
 
 
 def _driven(base: type, vllm_backend: str) -> Declaration:
@@ -285,6 +319,7 @@ def _make(name: str, base_path: str) -> type:
             "declaration": _driven(base, vb),
             "jit_modules": getattr(base, "jit_modules", None),
             "base_backend": base,
+            "needs_ops": vb in OPS_BACKENDS,
         },
     )
 

@@ -228,6 +228,12 @@ class Backend:
     def load(self) -> None:
         """Import vendor packages; raise BackendUnavailable (or let ImportError out) if absent."""
 
+    def built_to_fail(self) -> str | None:
+        """None for a backend that must PASS wherever it loads. An instrument that exists to be
+        caught where it loads (a vendor kernel fed a layout it no longer reads) returns what it must
+        show there instead, so that a suite demands that, and never a PASS, of it."""
+        return None
+
     def provenance(self) -> str | None:
         """Which build of the kernel runs: the vendor package's version and where it was loaded
         from, or the project-built subset of a JIT module that runs in its place; None for the

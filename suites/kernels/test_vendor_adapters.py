@@ -56,9 +56,10 @@ def test_importing_every_backend_imports_no_vendor_package():
 @pytest.mark.parametrize("backend", VENDOR, ids=lambda b: b.declaration.id)
 def test_vendor_backends_run_where_they_can_and_skip_with_the_reason_elsewhere(backend, host_arch):
     """Each vendor backend on each arch it declares: on an arch this host lacks, a SKIP naming the
-    hardware; on this host's arch, either it loads and then must run and PASS, or it cannot load
-    and the SKIP names the backend and why (its package or build is missing). Never a SKIP where
-    the kernel could have run."""
+    hardware; on this host's arch, either it loads and then must run and PASS (an instrument built to
+    fail there must FAIL over the bound instead: ``Backend.built_to_fail``), or it cannot load and
+    the SKIP names the backend and why (its package or build is missing, with the command that
+    builds it). Never a SKIP where the kernel could have run."""
     d = backend.declaration
     case = make_case("gptoss20b", 1)
     for arch in d.archs:
@@ -76,6 +77,15 @@ def test_vendor_backends_run_where_they_can_and_skip_with_the_reason_elsewhere(b
             assert result.reason.startswith(f"{d.id} cannot run here: "), result.reason
             with pytest.raises((ImportError, BackendUnavailable)):
                 backend.load()
+            if "compiled here" in result.reason or "compiled ops" in result.reason:  # a build is missing: say which
+                assert "python -m harness build-" in result.reason or "flashinfer-jit-cache" in result.reason, (
+                    result.reason)  # fmt: skip
+        elif backend.built_to_fail():
+            assert d.kind == "instrument", f"{d.id} is judged as a production kernel and cannot be built to fail"
+            assert result.outcome == "FAIL" and result.metrics.worst_ratio > 1, (
+                f"{result.test_id}: must show {backend.built_to_fail()}; got {result.outcome} "
+                f"{result.metrics.worst_ratio:.3g}x: {result.reason}\n{result.traceback}"
+            )
         else:
             assert result.outcome == "PASS", f"{result.test_id}: {result.outcome} {result.reason}\n{result.traceback}"
     if "cpu" not in d.archs:
@@ -576,3 +586,21 @@ def test_a_tactic_is_a_backend_of_its_own_and_unknown_ones_are_refused():
         with_tactics(base, "nosuch")
     assert "sm120" not in load_spec("mxmoe.kernels.oai_triton:OaiTriton#tactic=bm64").backend.declaration.archs
     assert type(load_spec("mxmoe.kernels.oai_triton:OaiTriton#tactic=nosuch").backend).__name__ == "BrokenBackend"
+
+
+def test_the_vllm_driver_declines_a_biasless_case_that_vllms_conversion_refuses_naming_vllms_check(tmp_path):
+    """vLLM's GPT-OSS method always has biases, and its FlashInfer conversions assert so; the driver
+    turns that assertion, for a case without biases only, into a decline naming vLLM's own check."""
+    from mxmoe.kernels.vllm_layer import _refused_without_bias
+
+    source = tmp_path / "mxfp4.py"
+    source.write_text("def convert(w13_bias, w2_bias):\n    assert w13_bias is not None and w2_bias is not None\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    with pytest.raises(AssertionError) as exc:
+        namespace["convert"](None, None)
+    assert _refused_without_bias("FLASHINFER_CUTLASS_MXFP4_BF16", exc.value) == (
+        "vLLM's FLASHINFER_CUTLASS_MXFP4_BF16 weight conversion refuses a layer without biases (mxfp4.py:2 "
+        "`assert w13_bias is not None and w2_bias is not None`); GPT-OSS checkpoints always have them, so vLLM "
+        "never sends this case"
+    )
