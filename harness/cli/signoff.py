@@ -192,8 +192,11 @@ def _signoff(args: argparse.Namespace) -> int:
     step(3, lambda: _run(["mutants", "--profile", "pr", "--json", mutants]), makes=mutants)
     padding = os.path.join(results, "padding.json")
     step(4, lambda: _run(["padding", "--json", padding]), makes=padding)
-    step(5, lambda: _signoff_models(results, here))  # the tiny GPT-OSS's MoE through each backend here
-    step(6, lambda: _signoff_gpqa(results, here, args.interpreter_gpqa_questions))
+    ran, declined = _ran_kernel_cases(results, here, host_arch())
+    for ident, why in declined.items():
+        print(f"\nnot through the tiny GPT-OSS: {ident} declined every kernel case here ({why})")
+    step(5, lambda: _signoff_models(results, ran))  # the tiny GPT-OSS's MoE through each backend that ran here
+    step(6, lambda: _signoff_gpqa(results, ran, args.interpreter_gpqa_questions))
     from mxmoe.harness.cli.report import print_verdict, run_report
 
     print(f"\n[7/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[6]} ({time.perf_counter() - start:.0f} s elapsed)\n")
@@ -211,6 +214,24 @@ def _signoff_backends() -> list[str]:
 
     arch = host_arch()
     return [item.backend.declaration.id for item in select(discover()) if availability(item, arch) is None]
+
+
+def _ran_kernel_cases(results: str, ids: list[str], arch: str) -> tuple[list[str], dict[str, str]]:
+    """Of ``ids``, those with a kernel case recorded on ``arch`` in ``results`` that was not a SKIP,
+    and for each other one its first skip's reason. A backend that loads but declines every case
+    here (vLLM's oracle refusing the deployment on this host, for instance EMULATION without
+    amd-quark) cannot run the tiny GPT-OSS either: its decline is a SKIP of the kernel check, not a
+    failure of the model check or of GPQA, so those steps leave it out and say why."""
+    from mxmoe.harness.run.results import read_results
+
+    records = [r for r in read_results(results) if r.get("arch") == arch]
+    ran = {r["backend"] for r in records if r["outcome"] != "SKIP"}
+    declined = {}
+    for ident in ids:
+        skips = [r for r in records if r["backend"] == ident and r["outcome"] == "SKIP"]
+        if ident not in ran and skips:
+            declined[ident] = str(skips[0].get("reason", "")).splitlines()[0]
+    return [b for b in ids if b not in declined], declined
 
 
 def _production_backends(ids: list[str]) -> list[str]:

@@ -74,3 +74,13 @@ class NeedsVendor(TorchMoE):
 
     def load(self) -> None:
         raise BackendUnavailable("needs-vendor-kernel needs the package 'vendor_moe' (pip: vendor-moe)")
+
+
+class DeclinesEverything(TorchMoE):
+    """Loads, then declines every case it sees (as vLLM's oracle refuses a deployment on a host that
+    lacks a package): SKIPs that name why, never a verdict."""
+
+    declaration = _declare("declines-everything-kernel", "loads, declines every case")
+
+    def convert(self, inputs):
+        raise BackendUnavailable("the deployment is refused on this host (it requires amd-quark)")

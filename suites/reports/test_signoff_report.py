@@ -390,6 +390,20 @@ sys.exit(main(["signoff", "--results", {str(results)!r}]))
     assert [t.split("'")[1] for t in texts[1:]] == ["padding audit", "model check", "GPQA"]
 
 
+def test_the_sign_off_takes_a_backend_that_declined_every_kernel_case_out_of_its_model_check_and_gpqa(tmp_path):
+    """On the H200, vLLM's EMULATION loads but vLLM's oracle refuses its deployment (no amd-quark):
+    its kernel cases SKIP, and its model check and GPQA must not stand as failures of a kernel that
+    never ran. Found there; the sign-off now leaves it out of those steps, naming why."""
+    from mxmoe.harness.cli.signoff import _ran_kernel_cases
+
+    record_cases(tmp_path, backend("emulation"), CASES[:1])
+    record_cases(tmp_path, backend("DeclinesEverything"))
+    ran, declined = _ran_kernel_cases(str(tmp_path), ["emulation", "declines-everything-kernel", "unrecorded"], ARCH)
+    assert ran == ["emulation", "unrecorded"]  # one with no record at all is not taken for a decline
+    assert declined == {"declines-everything-kernel": "declines-everything-kernel cannot run this case: the "
+                        "deployment is refused on this host (it requires amd-quark)"}  # fmt: skip
+
+
 def test_a_sign_off_whose_catalogue_step_crashed_does_not_ship(tmp_path):
     from mxmoe.harness.run.results import stamp
 
