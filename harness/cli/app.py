@@ -21,6 +21,8 @@
   down to the smallest failing slice of its inputs (``harness.diagnosis``).
 * ``dist-check``: a layer sharded over ranks (TP or EP) with torch.distributed (``harness.distributed``).
 * ``report``: merge result folders of many jobs and hosts into the sign-off report (``reports``).
+* ``setup-gpu``: fetch and build what this GPU machine's production kernels need, each only where
+  missing (``harness.upstream.gpu_setup``); ``./dev signoff`` runs it first on a GPU.
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ from mxmoe.harness.cli import (
     replay,
     report,
     selection,
+    setup_gpu,
     signoff,
     vllm_cross,
 )
 from mxmoe.harness.cli.args import dispatch
 
 COMMANDS = (signoff, bench, selection, mutants, padding, backends, check, fetch, drift, replay, model, gpqa,
-            distributed, diagnose, report, build_flashinfer, build_vllm_ops, vllm_cross)  # fmt: skip
+            distributed, diagnose, report, build_flashinfer, build_vllm_ops, setup_gpu, vllm_cross)  # fmt: skip
 """The command modules, in the order ``--help`` lists their subcommands; each adds its own
 (``add_parsers``)."""
 

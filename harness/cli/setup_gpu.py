@@ -1,0 +1,46 @@
+"""``python -m harness setup-gpu``: fetch and build what the production kernels need on this GPU
+machine, each piece only where missing (``harness.upstream.gpu_setup``); ``./dev signoff`` runs it
+first where a GPU is visible."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _cmd_setup_gpu(args: argparse.Namespace) -> int:
+    from mxmoe.harness.cli.args import UsageError
+    from mxmoe.harness.cli.tables import format_table
+    from mxmoe.harness.contract.platforms import host_arch
+    from mxmoe.harness.upstream import gpu_setup
+
+    if args.keep_installed:
+        from pathlib import Path
+
+        if not Path(args.keep_installed).is_file():
+            raise UsageError(f"--keep-installed: no such file {args.keep_installed!r}")
+    arch = host_arch()
+    steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed)
+    if args.plan:
+        rows = [(s.name, "skip" if s.skip else "run", s.skip or s.what, ", ".join(s.backends)) for s in steps]
+        print(f"set-up plan for this {arch} host\n")
+        print(format_table(("step", "here", "what, or why not", "for"), rows))
+        return 0
+    if arch == "cpu":
+        print("setup-gpu: no GPU here; nothing to set up")
+        return 0
+    done = gpu_setup.run(steps)
+    failed = [d for d in done if d.status == "failed"]
+    total = sum(d.seconds for d in done)
+    print(f"setup-gpu: {sum(d.status == 'ran' for d in done)} ran, {len(failed)} failed, "
+          f"{sum(d.status == 'skipped' for d in done)} not needed, in {total:.0f} s")  # fmt: skip
+    return 1 if failed else 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``setup-gpu`` to ``python -m harness``."""
+    p = sub.add_parser("setup-gpu", help="fetch and build what this GPU machine's production kernels need, "
+                                         "each only where missing")  # fmt: skip
+    p.add_argument("--plan", action="store_true", help="print what would run here and why, and run nothing")
+    p.add_argument("--keep-installed", metavar="FILE",
+                   help="a pip constraints file pinning the installed torch and triton (./dev passes its own)")
+    p.set_defaults(fn=_cmd_setup_gpu, parser=p)

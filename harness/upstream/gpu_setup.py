@@ -1,0 +1,206 @@
+"""Setting up a GPU machine for the sign-off: every production kernel the device can run, each
+piece only where it is missing, each into the cache, and none of it replacing an installed torch
+or triton.
+
+On a fresh GPU machine the vendor adapters find none of what they call: OpenAI's triton_kernels,
+FlashInfer (and on Hopper the project's subset of its SM90 MoE module, without which the first
+call compiles the whole module for an hour), and, where vLLM is not installed, the carryable
+vLLM runtime and the build of the compiled ops its layer calls. ``plan`` decides from what this
+host has (``probe``) which of those set-up steps run, and says for each one that does not why
+not; ``run`` runs them one at a time, each as its own process, printing what it does and how long
+it took. A step that fails says why, and the sign-off goes on without the backends that needed it
+(their cases SKIP, naming what is missing), never without the others.
+
+Which steps apply is decided by the architecture: triton_kernels on every GPU; FlashInfer on
+NVIDIA's (its MXFP4 MoE kernels are CUDA only); the SM90 subset on Hopper; vLLM's runtime, its
+source package and the ops build on NVIDIA's, where vLLM itself is not installed (an installed
+vLLM brings its own compiled ops).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+
+from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
+
+GPU_FLASHINFER = "0.6.14"
+"""The FlashInfer release the set-up installs where none is: the release the project's SM90
+subset build and its H200 runs are measured with (vLLM 0.26's pin; vLLM 0.33.0 pins 0.7.2.post1,
+whose subset build has not run on hardware yet)."""
+FLASHINFER_PACKAGES = (f"flashinfer-python=={GPU_FLASHINFER}", "apache-tvm-ffi==0.1.10")
+"""FlashInfer without its CUDA dependencies (cudnn-frontend, cutlass-dsl: the MoE kernels the
+adapters call need neither), with the FFI layer it imports."""
+FLASHINFER_LIGHT_DEPS = ("einops", "nvidia-ml-py", "click", "requests", "tabulate", "tqdm", "packaging", "ninja")
+"""FlashInfer's pure-Python dependencies, installed with the installed torch, triton and numpy
+pinned (``./dev``'s ``keep-installed.txt``)."""
+NVIDIA_ARCHS = ("sm80", "sm90", "sm100", "sm120")
+FLASHINFER_ARCHS = ("sm90", "sm100", "sm120")
+"""The architectures the FlashInfer adapters declare."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the set-up decides from (``probe``); a test fakes it to plan for a GPU on a CPU."""
+
+    arch: str
+    flashinfer: str | None  # the installed flashinfer-python's version
+    triton_kernels: bool  # OpenAI's triton_kernels importable (installed, or fetched into the cache)
+    vllm_installed: bool  # a vLLM with its compiled extensions
+    runtime: bool  # vLLM's carryable runtime fetched for this Python
+    source: bool  # vLLM's source package fetched (what build-vllm-ops reads)
+    ops: bool  # the ops build made for this vLLM release and arch
+    subset: bool  # the SM90 subset of FlashInfer's MoE module built for the installed FlashInfer
+
+
+@dataclass(frozen=True)
+class Step:
+    """One set-up step: what it does, for which backends, the commands it runs (each an argv,
+    run in order as processes), or why it does not run here (``skip``)."""
+
+    name: str
+    what: str
+    backends: tuple[str, ...]  # the ids of the backends that cannot run without it
+    commands: tuple[tuple[str, ...], ...]
+    skip: str | None = None
+
+
+def probe(arch: str) -> Host:
+    """What this host has, for ``plan``."""
+    from mxmoe.harness.upstream import flashinfer_sm90, vllm_ops, vllm_runtime
+    from mxmoe.harness.upstream.fetch import VendorMissing, import_triton_kernels
+
+    try:
+        version: str | None = metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        version = None
+    try:
+        import_triton_kernels()
+        tk = True
+    except (VendorMissing, ImportError):
+        tk = False
+    subset = False
+    if version is not None and arch == "sm90":
+        try:
+            subset = flashinfer_sm90.built_record() is not None
+        except Exception:  # FlashInfer installed but not importable: the subset cannot load either
+            subset = False
+    try:
+        ops = vllm_ops.built_record(NEWEST_VLLM, arch) is not None
+    except Exception:
+        ops = False
+    return Host(
+        arch=arch,
+        flashinfer=version,
+        triton_kernels=tk,
+        vllm_installed=vllm_runtime.installed_vllm() is not None,
+        runtime=vllm_runtime.runtime_fetched(NEWEST_VLLM),
+        source=vllm_ops.source_tarball(NEWEST_VLLM).is_file(),
+        ops=ops,
+        subset=subset,
+    )
+
+
+def _harness(*args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "harness", *args)
+
+
+def plan(host: Host, keep_installed: str | None = None) -> list[Step]:
+    """The set-up steps for ``host``, in the order they run, each with ``skip`` set where it does
+    not run here. ``keep_installed``: a pip constraints file pinning the installed torch and
+    triton (``./dev`` writes one), so that no install replaces them."""
+    arch = host.arch
+    gpu = arch != "cpu"
+    nvidia = arch in NVIDIA_ARCHS
+    pin = ("-c", keep_installed) if keep_installed else ()
+    pip = (sys.executable, "-m", "pip", "install", "-q", *pin)
+    vllm_skip = None if nvidia else f"the project runs vLLM's layer without vLLM on NVIDIA GPUs; this host is {arch}"
+    if host.vllm_installed:
+        vllm_skip = "vLLM is installed, with its own compiled ops"
+    steps = [
+        Step("triton-kernels", "OpenAI's triton_kernels, as vLLM vendors it, into the cache",
+             ("triton", "triton-modular", "triton-unfused", "vllm-triton", "vllm-triton-unfused"),
+             (_harness("fetch", "triton-kernels", "--vllm-version", DEFAULT_VLLM),),
+             "no GPU" if not gpu else "importable already" if host.triton_kernels else None),
+        Step("flashinfer", f"flashinfer-python {GPU_FLASHINFER} without its CUDA dependencies, torch and triton kept",
+             ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
+             ((*pip, *FLASHINFER_LIGHT_DEPS, FLASHINFER_PACKAGES[1]), (*pip, "--no-deps", FLASHINFER_PACKAGES[0])),
+             f"FlashInfer's MXFP4 MoE runs on {', '.join(FLASHINFER_ARCHS)}; this host is {arch}"
+             if arch not in FLASHINFER_ARCHS else f"flashinfer-python {host.flashinfer} is installed"
+             if host.flashinfer else None),
+        Step("flashinfer-sm90-subset", "the bf16 x MXFP4 subset of FlashInfer's SM90 MoE module (about 4 minutes "
+             "at 16 cores, once per FlashInfer release)",
+             ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
+             (_harness("build-flashinfer"),),
+             "only Hopper's module is built by the project" if arch != "sm90"
+             else "built already for this FlashInfer" if host.subset else None),
+        Step("vllm-runtime", f"vLLM {NEWEST_VLLM}'s carryable runtime (its Python and 26 pinned packages, 25 MiB)",
+             ("vllm-triton", "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin"),
+             (_harness("fetch", "vllm-runtime"),),
+             vllm_skip or ("fetched already" if host.runtime else None)),
+        Step("vllm-source", f"vLLM {NEWEST_VLLM}'s source package (build-vllm-ops reads its csrc/)",
+             ("marlin", "vllm-triton-unfused"), (_harness("fetch", "vllm-source"),),
+             vllm_skip or ("the ops are built already" if host.ops else "fetched already" if host.source else None)),
+        Step("vllm-ops", "the compiled ops vLLM's layer calls (Marlin MoE, repack, align/sum, activations; "
+             "about a minute)", ("marlin", "vllm-triton-unfused"), (_harness("build-vllm-ops", "--arch", arch),),
+             vllm_skip or ("built already for this torch" if host.ops else None)),
+    ]  # fmt: skip
+    return steps
+
+
+@dataclass
+class Done:
+    """What a step did: ``ran`` (every command exited 0), ``failed`` (with the reason), or
+    ``skipped`` (with why it was not needed)."""
+
+    step: Step
+    status: str
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def run(steps: list[Step], log: Callable[[str], None] = print,
+        runner: Callable[[tuple[str, ...]], subprocess.CompletedProcess] | None = None) -> list[Done]:  # fmt: skip
+    """Run ``steps`` in order, each command as its own process (``runner``: a test's stand-in).
+    A failing command ends its step as failed, naming the backends that go without it; the next
+    steps still run, except those that need what failed (the SM90 subset without FlashInfer, the
+    ops build without the source package)."""
+    runner = runner or (lambda argv: subprocess.run(list(argv), capture_output=True, text=True))
+    needs = {"flashinfer-sm90-subset": "flashinfer", "vllm-ops": "vllm-source"}
+    failed: set[str] = set()
+    out = []
+    for step in steps:
+        if step.skip is not None:
+            out.append(Done(step, "skipped", reason=step.skip))
+            log(f"setup: {step.name}: not needed ({step.skip})")
+            continue
+        if needs.get(step.name) in failed:
+            done = Done(step, "failed", reason=f"needs {needs[step.name]}, which failed")
+            out.append(done)
+            failed.add(step.name)
+            log(f"setup: {step.name}: not run: {done.reason}; the sign-off goes on without {', '.join(step.backends)}")
+            continue
+        log(f"setup: {step.name}: {step.what} ...")
+        t0 = time.perf_counter()
+        reason = ""
+        for argv in step.commands:
+            proc = runner(argv)
+            if proc.returncode != 0:
+                tail = [line for line in f"{proc.stdout}\n{proc.stderr}".splitlines() if line.strip()][-1:]
+                reason = f"`{' '.join(argv[1:] if argv[0] == sys.executable else argv)}` exited {proc.returncode}" + (
+                    f": {tail[0].strip()}" if tail else "")  # fmt: skip
+                break
+        seconds = time.perf_counter() - t0
+        if reason:
+            failed.add(step.name)
+            out.append(Done(step, "failed", seconds, reason))
+            log(f"setup: {step.name}: FAILED after {seconds:.0f} s: {reason}; the sign-off goes on without "
+                f"{', '.join(step.backends)}")  # fmt: skip
+        else:
+            out.append(Done(step, "ran", seconds))
+            log(f"setup: {step.name}: done in {seconds:.0f} s")
+    return out

@@ -1,0 +1,103 @@
+"""The GPU machine's set-up (``harness.upstream.gpu_setup``, ``python -m harness setup-gpu``): what
+it would fetch and build on a GPU host, planned here with the GPU faked, and how it runs its steps
+(each a process; a failure named, the rest going on)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from mxmoe.harness.run.registry import discover
+from mxmoe.harness.upstream import gpu_setup
+from mxmoe.harness.upstream.gpu_setup import Host, plan, run
+
+FRESH = Host(arch="sm90", flashinfer=None, triton_kernels=False, vllm_installed=False, runtime=False, source=False,
+             ops=False, subset=False)  # fmt: skip
+"""A fresh Hopper machine: a CUDA torch and triton, nothing else of the production kernels'."""
+PRODUCTION_SM90 = {"triton", "triton-modular", "triton-unfused", "flashinfer-cutlass-mxfp4-bf16", "vllm-triton",
+                   "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin"}  # fmt: skip
+"""The production kernels that run on an H200 once everything is set up (measured there)."""
+
+
+def _argvs(steps: list) -> list[str]:
+    return [" ".join(a.removeprefix(sys.executable) for a in argv).strip() for s in steps for argv in s.commands]
+
+
+def test_a_fresh_hopper_host_gets_every_piece_of_every_production_kernel_and_never_a_torch_or_triton():
+    steps = plan(FRESH, ".cache/keep-installed.txt")
+    assert [s.name for s in steps] == ["triton-kernels", "flashinfer", "flashinfer-sm90-subset", "vllm-runtime",
+                                       "vllm-source", "vllm-ops"]  # fmt: skip
+    assert all(s.skip is None for s in steps)
+    # every production kernel that runs on an H200 has each of its pieces planned, and every id named is one
+    assert set().union(*(s.backends for s in steps)) == PRODUCTION_SM90
+    ids = {item.backend.declaration.id for item in discover()}
+    assert PRODUCTION_SM90 <= ids
+    argvs = _argvs(steps)
+    assert argvs[0] == "-m harness fetch triton-kernels --vllm-version 0.26.0"
+    assert argvs[2] == ("-m pip install -q -c .cache/keep-installed.txt --no-deps "
+                        f"flashinfer-python=={gpu_setup.GPU_FLASHINFER}")  # fmt: skip
+    assert argvs[3:] == ["-m harness build-flashinfer", "-m harness fetch vllm-runtime", "-m harness fetch vllm-source",
+                         "-m harness build-vllm-ops --arch sm90"]  # fmt: skip
+    pip_args = [a for s in steps for argv in s.commands if "pip" in argv for a in argv[argv.index("install") + 1 :]]
+    assert not [a for a in pip_args if a.split("=")[0] in ("torch", "triton", "numpy", "pytorch-triton-rocm")]
+    assert all("-c" in argv for s in steps for argv in s.commands if "pip" in argv)  # the installed ones pinned
+
+
+def test_what_a_host_has_is_never_fetched_or_built_again():
+    have = replace(FRESH, flashinfer="0.6.14", triton_kernels=True, runtime=True, source=True, ops=True, subset=True)
+    steps = plan(have)
+    assert [s.skip for s in steps] == ["importable already", "flashinfer-python 0.6.14 is installed",
+                                       "built already for this FlashInfer", "fetched already",
+                                       "the ops are built already", "built already for this torch"]  # fmt: skip
+    installed = plan(replace(FRESH, vllm_installed=True))
+    assert [s.name for s in installed if s.skip is None] == ["triton-kernels", "flashinfer", "flashinfer-sm90-subset"]
+    assert {s.skip for s in installed[3:]} == {"vLLM is installed, with its own compiled ops"}
+
+
+@pytest.mark.parametrize(("arch", "runs"), [
+    ("sm100", ["triton-kernels", "flashinfer", "vllm-runtime", "vllm-source", "vllm-ops"]),
+    ("sm80", ["triton-kernels", "vllm-runtime", "vllm-source", "vllm-ops"]),
+    ("gfx942", ["triton-kernels"]),
+    ("cpu", []),
+])  # fmt: skip
+def test_each_architecture_gets_the_pieces_its_kernels_run_on(arch, runs):
+    steps = plan(replace(FRESH, arch=arch))
+    assert [s.name for s in steps if s.skip is None] == runs
+    assert all(s.skip for s in steps if s.name not in runs)
+    if "vllm-ops" in runs:
+        assert steps[-1].commands[-1][-2:] == ("--arch", arch)
+
+
+def test_a_failing_step_is_named_with_its_reason_and_the_rest_goes_on():
+    """FlashInfer's install fails: the SM90 subset, which needs it, does not run, and says so; vLLM's
+    pieces still run; every line says what and how long, or why not and what goes without it."""
+    calls, lines = [], []
+
+    def runner(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
+        calls.append(argv)
+        failing = "--no-deps" in argv and any(a.startswith("flashinfer-python") for a in argv)
+        return subprocess.CompletedProcess(argv, 1 if failing else 0, "", "ERROR: No matching distribution" if failing
+                                           else "")  # fmt: skip
+
+    done = run(plan(FRESH), lines.append, runner)
+    assert [(d.step.name, d.status) for d in done] == [
+        ("triton-kernels", "ran"), ("flashinfer", "failed"), ("flashinfer-sm90-subset", "failed"),
+        ("vllm-runtime", "ran"), ("vllm-source", "ran"), ("vllm-ops", "ran")]  # fmt: skip
+    assert done[1].reason.endswith("exited 1: ERROR: No matching distribution")
+    assert done[2].reason == "needs flashinfer, which failed"
+    assert not [c for c in calls if "build-flashinfer" in c]
+    text = "\n".join(lines)
+    assert "setup: flashinfer: FAILED after 0 s: `-m pip install" in text
+    assert "the sign-off goes on without flashinfer-cutlass-mxfp4-bf16, vllm-flashinfer-cutlass-mxfp4-bf16" in text
+    assert "setup: vllm-ops: done in 0 s" in text
+
+
+def test_the_probe_and_the_plan_command_run_here():
+    host = gpu_setup.probe("sm90")  # this host's real cache and packages, asked as a Hopper host would
+    assert host.arch == "sm90" and isinstance(host.runtime, bool)
+    proc = subprocess.run([sys.executable, "-m", "harness", "setup-gpu", "--plan"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "set-up plan for this" in proc.stdout, proc.stderr
