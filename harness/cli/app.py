@@ -23,6 +23,8 @@
 * ``report``: merge result folders of many jobs and hosts into the sign-off report (``reports``).
 * ``setup-gpu``: fetch and build what this GPU machine's production kernels need, each only where
   missing (``harness.upstream.gpu_setup``); ``./dev signoff`` runs it first on a GPU.
+* ``bundle``: the same pieces in one folder, for a GPU machine without network
+  (``harness.upstream.bundle``; there ``./dev signoff --device cuda --offline BUNDLE``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from mxmoe.harness.cli import (
     bench,
     build_flashinfer,
     build_vllm_ops,
+    bundle,
     check,
     diagnose,
     distributed,
@@ -55,7 +58,8 @@ from mxmoe.harness.cli import (
 from mxmoe.harness.cli.args import dispatch
 
 COMMANDS = (signoff, bench, selection, mutants, padding, backends, check, fetch, drift, replay, model, gpqa,
-            distributed, diagnose, report, build_flashinfer, build_vllm_ops, setup_gpu, vllm_cross)  # fmt: skip
+            distributed, diagnose, report, build_flashinfer, build_vllm_ops, setup_gpu, bundle,
+            vllm_cross)  # fmt: skip
 """The command modules, in the order ``--help`` lists their subcommands; each adds its own
 (``add_parsers``)."""
 

@@ -5,6 +5,7 @@ first where a GPU is visible."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _cmd_setup_gpu(args: argparse.Namespace) -> int:
@@ -14,12 +15,22 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
     from mxmoe.harness.upstream import gpu_setup
 
     if args.keep_installed:
-        from pathlib import Path
-
         if not Path(args.keep_installed).is_file():
             raise UsageError(f"--keep-installed: no such file {args.keep_installed!r}")
+    offline = None
+    if args.offline:
+        from mxmoe.harness.upstream import bundle
+        from mxmoe.harness.upstream.fetch import VendorMissing
+
+        try:
+            made = bundle.read_manifest(Path(args.offline))
+        except VendorMissing as exc:
+            raise UsageError(f"--offline: {exc}") from None
+        offline = bundle.offline_sources(Path(args.offline))
+        print(f"setup-gpu: offline, from {args.offline} (made {made['created']} for Python {made['python']} on "
+              f"{made['platform']}, {made['total_bytes'] / 2**20:.1f} MiB)")  # fmt: skip
     arch = host_arch()
-    steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed)
+    steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed, offline)
     if args.plan:
         rows = [(s.name, "skip" if s.skip else "run", s.skip or s.what, ", ".join(s.backends)) for s in steps]
         print(f"set-up plan for this {arch} host\n")
@@ -43,4 +54,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", action="store_true", help="print what would run here and why, and run nothing")
     p.add_argument("--keep-installed", metavar="FILE",
                    help="a pip constraints file pinning the installed torch and triton (./dev passes its own)")
+    p.add_argument("--offline", metavar="BUNDLE",
+                   help="install and copy from this bundle alone (`python -m harness bundle`), fetching nothing")
     p.set_defaults(fn=_cmd_setup_gpu, parser=p)

@@ -8,7 +8,8 @@ call compiles the whole module for an hour), and, where vLLM is not installed, t
 vLLM runtime and the build of the compiled ops its layer calls. ``plan`` decides from what this
 host has (``probe``) which of those set-up steps run, and says for each one that does not why
 not; ``run`` runs them one at a time, each as its own process, printing what it does and how long
-it took. A step that fails says why, and the sign-off goes on without the backends that needed it
+it took. Offline, each piece comes from one bundle folder (``bundle``) instead of PyPI, and the
+builds run from its sources. A step that fails says why, and the sign-off goes on without the backends that needed it
 (their cases SKIP, naming what is missing), never without the others.
 
 Which steps apply is decided by the architecture: triton_kernels on every GPU; FlashInfer on
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
 
@@ -109,22 +111,47 @@ def _harness(*args: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "harness", *args)
 
 
-def plan(host: Host, keep_installed: str | None = None) -> list[Step]:
+def _copy(src: Path, dest: Path) -> tuple[str, ...]:
+    """A command copying a bundle's file or folder into the cache (a process like every step's)."""
+    code = ("import shutil, sys, pathlib; s, d = map(pathlib.Path, sys.argv[1:]); d.parent.mkdir(parents=True, "
+            "exist_ok=True); shutil.copytree(s, d, dirs_exist_ok=True) if s.is_dir() else shutil.copyfile(s, d)")
+    return (sys.executable, "-c", code, str(src), str(dest))
+
+
+def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path] | None = None) -> list[Step]:
     """The set-up steps for ``host``, in the order they run, each with ``skip`` set where it does
     not run here. ``keep_installed``: a pip constraints file pinning the installed torch and
-    triton (``./dev`` writes one), so that no install replaces them."""
+    triton (``./dev`` writes one), so that no install replaces them. ``offline``: where a bundle
+    holds each piece (``bundle.offline_sources``); then nothing is fetched: wheels are installed
+    from the bundle alone and the rest is copied from it into the cache."""
+    from mxmoe.harness.upstream.fetch import triton_kernels_root
+    from mxmoe.harness.upstream.vllm_ops import source_tarball
+    from mxmoe.harness.upstream.vllm_runtime import runtime_root
+
     arch = host.arch
     gpu = arch != "cpu"
     nvidia = arch in NVIDIA_ARCHS
     pin = ("-c", keep_installed) if keep_installed else ()
-    pip = (sys.executable, "-m", "pip", "install", "-q", *pin)
+    index = ("--no-index", "--find-links", str(offline["wheels"])) if offline else ()
+    pip = (sys.executable, "-m", "pip", "install", "-q", *pin, *index)
+    fetch = {
+        "triton-kernels": _harness("fetch", "triton-kernels", "--vllm-version", DEFAULT_VLLM),
+        "vllm-runtime": _harness("fetch", "vllm-runtime"),
+        "vllm-source": _harness("fetch", "vllm-source"),
+    }
+    if offline:
+        fetch = {
+            "triton-kernels": _copy(offline["triton-kernels"], triton_kernels_root(DEFAULT_VLLM)),
+            "vllm-runtime": _copy(offline["vllm-runtime"], runtime_root(NEWEST_VLLM)),
+            "vllm-source": _copy(offline["vllm-source"], source_tarball(NEWEST_VLLM)),
+        }
     vllm_skip = None if nvidia else f"the project runs vLLM's layer without vLLM on NVIDIA GPUs; this host is {arch}"
     if host.vllm_installed:
         vllm_skip = "vLLM is installed, with its own compiled ops"
     steps = [
         Step("triton-kernels", "OpenAI's triton_kernels, as vLLM vendors it, into the cache",
              ("triton", "triton-modular", "triton-unfused", "vllm-triton", "vllm-triton-unfused"),
-             (_harness("fetch", "triton-kernels", "--vllm-version", DEFAULT_VLLM),),
+             (fetch["triton-kernels"],),
              "no GPU" if not gpu else "importable already" if host.triton_kernels else None),
         Step("flashinfer", f"flashinfer-python {GPU_FLASHINFER} without its CUDA dependencies, torch and triton kept",
              ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
@@ -140,10 +167,10 @@ def plan(host: Host, keep_installed: str | None = None) -> list[Step]:
              else "built already for this FlashInfer" if host.subset else None),
         Step("vllm-runtime", f"vLLM {NEWEST_VLLM}'s carryable runtime (its Python and 26 pinned packages, 25 MiB)",
              ("vllm-triton", "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin"),
-             (_harness("fetch", "vllm-runtime"),),
+             (fetch["vllm-runtime"],),
              vllm_skip or ("fetched already" if host.runtime else None)),
         Step("vllm-source", f"vLLM {NEWEST_VLLM}'s source package (build-vllm-ops reads its csrc/)",
-             ("marlin", "vllm-triton-unfused"), (_harness("fetch", "vllm-source"),),
+             ("marlin", "vllm-triton-unfused"), (fetch["vllm-source"],),
              vllm_skip or ("the ops are built already" if host.ops else "fetched already" if host.source else None)),
         Step("vllm-ops", "the compiled ops vLLM's layer calls (Marlin MoE, repack, align/sum, activations; "
              "about a minute)", ("marlin", "vllm-triton-unfused"), (_harness("build-vllm-ops", "--arch", arch),),

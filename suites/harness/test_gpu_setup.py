@@ -4,14 +4,20 @@ it would fetch and build on a GPU host, planned here with the GPU faked, and how
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
+import tarfile
+import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from mxmoe.harness.run.registry import discover
-from mxmoe.harness.upstream import gpu_setup
+from mxmoe.harness.upstream import bundle, gpu_setup
+from mxmoe.harness.upstream.fetch import VendorMissing
 from mxmoe.harness.upstream.gpu_setup import Host, plan, run
 
 FRESH = Host(arch="sm90", flashinfer=None, triton_kernels=False, vllm_installed=False, runtime=False, source=False,
@@ -20,6 +26,7 @@ FRESH = Host(arch="sm90", flashinfer=None, triton_kernels=False, vllm_installed=
 PRODUCTION_SM90 = {"triton", "triton-modular", "triton-unfused", "flashinfer-cutlass-mxfp4-bf16", "vllm-triton",
                    "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin"}  # fmt: skip
 """The production kernels that run on an H200 once everything is set up (measured there)."""
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _argvs(steps: list) -> list[str]:
@@ -101,3 +108,84 @@ def test_the_probe_and_the_plan_command_run_here():
     proc = subprocess.run([sys.executable, "-m", "harness", "setup-gpu", "--plan"], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "set-up plan for this" in proc.stdout, proc.stderr
+
+
+def _bundle(tmp_path: Path) -> Path:
+    """A bundle folder of the real layout with stand-in contents (the real one is 50 MiB of
+    downloads: docs/setup.md has its measured size and manifest)."""
+    root = tmp_path / "bundle"
+    src = bundle.offline_sources(root)
+    src["wheels"].mkdir(parents=True)
+    (src["triton-kernels"] / "triton_kernels").mkdir(parents=True)
+    (src["triton-kernels"] / "triton_kernels" / "__init__.py").write_text("")
+    src["vllm-runtime"].mkdir(parents=True)
+    (src["vllm-runtime"] / "runtime.json").write_text("{}")
+    src["vllm-source"].parent.mkdir(parents=True)
+    src["vllm-source"].write_bytes(b"tarball")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (root / bundle.MANIFEST).write_text(json.dumps(bundle.manifest(root, here, "manylinux_2_28_x86_64")))
+    return root
+
+
+def test_offline_every_piece_comes_from_the_bundle_and_nothing_is_fetched(tmp_path, monkeypatch):
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path / "cache"))
+    root = _bundle(tmp_path)
+    steps = plan(FRESH, ".cache/keep-installed.txt", bundle.offline_sources(root))
+    argvs = _argvs(steps)
+    assert not [a for a in argvs if " fetch " in a or "pypi" in a]
+    pips = [argv for s in steps for argv in s.commands if "pip" in argv]
+    assert pips and all(("--no-index" in a and str(root / "wheels") in a and "-c" in a) for a in pips)
+    assert [s.name for s in steps if "build-" in " ".join(map(" ".join, s.commands))] == [
+        "flashinfer-sm90-subset", "vllm-ops"]  # fmt: skip
+    copies = [argv for s in steps for argv in s.commands if argv[1] == "-c"]
+    for argv in copies:  # the copies themselves, for real, into the cache
+        assert subprocess.run(list(argv), capture_output=True).returncode == 0
+    from mxmoe.harness.upstream.fetch import triton_kernels_root
+    from mxmoe.harness.upstream.vllm_ops import source_tarball
+    from mxmoe.harness.upstream.vllm_runtime import runtime_root
+
+    assert (triton_kernels_root() / "triton_kernels" / "__init__.py").is_file()
+    assert (runtime_root() / "runtime.json").is_file() and source_tarball().read_bytes() == b"tarball"
+
+
+def test_a_bundle_is_checked_before_use_and_its_pieces_are_cut_as_documented(tmp_path):
+    root = _bundle(tmp_path)
+    data = bundle.read_manifest(root)
+    assert data["kind"] == "mxmoe-gpu-bundle" and data["total_bytes"] == sum(f["bytes"] for f in data["files"])
+    assert {f["path"] for f in data["files"]} >= {"sdist/vllm-0.33.0.tar.gz", "vendor/triton_kernels-vllm-0.26.0/"
+                                                  "triton_kernels/__init__.py"}  # fmt: skip
+    other = json.loads((root / bundle.MANIFEST).read_text()) | {"python": "3.9"}
+    (root / bundle.MANIFEST).write_text(json.dumps(other))
+    with pytest.raises(VendorMissing, match="was made for Python 3.9; this is Python .*--python-version"):
+        bundle.read_manifest(root)
+    with pytest.raises(VendorMissing, match="is not a bundle"):
+        bundle.read_manifest(tmp_path)
+
+    wheel = tmp_path / "lm_eval-0.4.13-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in ("lm_eval/__init__.py", "lm_eval/tasks/__init__.py", "lm_eval/tasks/gsm8k/gsm8k.yaml",
+                     "lm_eval/tasks/mmlu/sub/x.yaml"):  # fmt: skip
+            z.writestr(name, "x")
+        z.writestr("lm_eval-0.4.13.dist-info/RECORD", "lm_eval/__init__.py,,\nlm_eval/tasks/__init__.py,,\n"
+                   "lm_eval/tasks/gsm8k/gsm8k.yaml,,\n")  # fmt: skip
+    with zipfile.ZipFile(bundle.without_tasks(wheel)) as z:
+        assert sorted(z.namelist()) == ["lm_eval-0.4.13.dist-info/RECORD", "lm_eval/__init__.py",
+                                        "lm_eval/tasks/__init__.py"]  # fmt: skip
+        record = z.read("lm_eval-0.4.13.dist-info/RECORD").decode().split()
+        assert record == ["lm_eval/__init__.py,,", "lm_eval/tasks/__init__.py,,"]
+
+    sdist = tmp_path / "vllm-0.33.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        for name in ("vllm-0.33.0/csrc/ops.cu", "vllm-0.33.0/vllm/__init__.py", "vllm-0.33.0/setup.py"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            t.addfile(info, io.BytesIO(b"x"))
+    with tarfile.open(bundle.csrc_only(sdist, tmp_path / "cut" / sdist.name)) as t:
+        assert t.getnames() == ["vllm-0.33.0/csrc/ops.cu"]
+
+
+def test_dev_refuses_an_offline_folder_that_is_not_a_bundle_before_setting_anything_up(tmp_path):
+    proc = subprocess.run(["./dev", "signoff", "--device", "cuda", "--offline", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert f"dev: --offline {tmp_path}: not a bundle (no bundle.json); make one with" in proc.stderr
