@@ -174,7 +174,7 @@ def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path]
              vllm_skip or ("the ops are built already" if host.ops else "fetched already" if host.source else None)),
         Step("vllm-ops", "the compiled ops vLLM's layer calls (Marlin MoE, repack, align/sum, activations; "
              "about a minute)", ("marlin", "vllm-triton-unfused"), (_harness("build-vllm-ops", "--arch", arch),),
-             vllm_skip or ("built already for this torch" if host.ops else None)),
+             vllm_skip or ("built already for this vLLM release and arch" if host.ops else None)),
     ]  # fmt: skip
     return steps
 
