@@ -58,7 +58,8 @@ def test_what_a_host_has_is_never_fetched_or_built_again():
     steps = plan(have)
     assert [s.skip for s in steps] == ["importable already", "flashinfer-python 0.6.14 is installed",
                                        "built already for this FlashInfer", "fetched already",
-                                       "the ops are built already", "built already for this vLLM release and arch"]  # fmt: skip
+                                       "the ops are built already",
+                                       "built already for this vLLM release and arch"]  # fmt: skip
     installed = plan(replace(FRESH, vllm_installed=True))
     assert [s.name for s in installed if s.skip is None] == ["triton-kernels", "flashinfer", "flashinfer-sm90-subset"]
     assert {s.skip for s in installed[3:]} == {"vLLM is installed, with its own compiled ops"}
