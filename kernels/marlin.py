@@ -31,7 +31,6 @@ class Marlin(VllmLayer):
 
     kernel = "vllm fused_marlin_moe (through vLLM's GptOssMxfp4MoEMethod)"
     vllm_backend = "MARLIN"
-    needs_ops = True
     storage = (storage.marlin_scales(), storage.marlin_bias())
     declaration = Declaration(
         id="marlin",

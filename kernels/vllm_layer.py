@@ -108,10 +108,6 @@ class VllmLayer(VendorKernel):
     """FlashInfer's JIT module of the kernel vLLM calls, by architecture (the FlashInfer backends):
     vLLM's call would otherwise start an hour of nvcc where it is not built."""
     flashinfer_build: dict[str, object] | None = None
-    needs_ops: ClassVar[bool] = False
-    """Whether vLLM's layer calls vLLM's compiled ops for this backend (docs/vllm.md's table:
-    TRITON_UNFUSED's activation, MARLIN's GEMMs): where vLLM is booted from the runtime without the
-    project's ops build, such a backend cannot run, and the SKIP says which command builds them."""
 
     base_backend: ClassVar[type | None] = None
     """The project's direct adapter of the same kernel: its shape limits are the kernel's, and hold
@@ -181,7 +177,8 @@ class VllmLayer(VendorKernel):
             except Exception as exc:  # vLLM's imports fail in many ways (compiled ops, versions)
                 raise BackendUnavailable(f"{d.id}: {name} did not import: {type(exc).__name__}: {exc}") from exc
         booted = getattr(self, "booted", None) or {}
-        if self.needs_ops and booted and not booted["source"].startswith("installed") and not booted["ops"]:
+        from_runtime = bool(booted) and not booted["source"].startswith("installed")
+        if self.vllm_backend in OPS_BACKENDS and from_runtime and not booted["ops"]:
             raise BackendUnavailable(
                 f"{d.id}: vLLM's {self.vllm_backend} calls vLLM's compiled ops, and vLLM runs here from the "
                 "project's runtime without them: build them on this GPU machine with `python -m harness "
@@ -277,7 +274,9 @@ class VllmLayer(VendorKernel):
 
 
 OPS_BACKENDS = ("TRITON_UNFUSED", "MARLIN")
-"""vLLM's MXFP4 backends whose layer calls vLLM's compiled ops on CUDA (``VllmLayer.needs_ops``)."""
+"""vLLM's MXFP4 backends whose layer calls vLLM's compiled ops on CUDA (docs/vllm.md's table:
+TRITON_UNFUSED's activation, MARLIN's GEMMs): where vLLM is booted from the runtime without the
+project's ops build, such a backend cannot run, and its SKIP says which command builds them."""
 
 
 def _refused_without_bias(vllm_backend: str, exc: AssertionError) -> str:
@@ -319,7 +318,6 @@ def _make(name: str, base_path: str) -> type:
             "declaration": _driven(base, vb),
             "jit_modules": getattr(base, "jit_modules", None),
             "base_backend": base,
-            "needs_ops": vb in OPS_BACKENDS,
         },
     )
 

@@ -50,8 +50,6 @@ SIGNOFF_STEPS = ("oracle self-check", "kernel check", "fault catalogue", "paddin
                  "report")  # fmt: skip
 """The steps of ``python -m harness signoff``, in order; its manifest (``signoff-steps.json``)
 records each but the last, and a step it does not list did not run."""
-STEP_STATUSES = ("ran", "skipped", "failed", "interrupted", "not run")
-"""A step's status in the manifest and the report ("not run": absent from its manifest)."""
 
 
 def outcome_of(rec: dict) -> str:

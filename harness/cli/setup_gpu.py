@@ -14,9 +14,8 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
     from mxmoe.harness.contract.platforms import host_arch
     from mxmoe.harness.upstream import gpu_setup
 
-    if args.keep_installed:
-        if not Path(args.keep_installed).is_file():
-            raise UsageError(f"--keep-installed: no such file {args.keep_installed!r}")
+    if args.keep_installed and not Path(args.keep_installed).is_file():
+        raise UsageError(f"--keep-installed: no such file {args.keep_installed!r}")
     offline = None
     if args.offline:
         from mxmoe.harness.upstream import bundle

@@ -132,9 +132,8 @@ def _signoff(args: argparse.Namespace) -> int:
             entry["status"], entry["reason"] = "skipped", str(exc)
             print(f"{name} skipped: {exc}")
         except Interrupted as exc:
-            entry["status"] = "interrupted"
-            entry["reason"] = f"{exc} received {time.perf_counter() - t0:.0f} s into it: the sign-off stopped here"
-            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            entry["status"], entry["seconds"] = "interrupted", round(time.perf_counter() - t0, 1)
+            entry["reason"] = f"{exc} received {entry['seconds']:.0f} s into it: the sign-off stopped here"
             steps.append(entry)
             write_manifest()
             raise
