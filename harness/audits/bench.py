@@ -109,3 +109,60 @@ def bench_backend(
             )
             del inputs, prepared, out
     return rate, rows
+
+
+def bench_check(
+    pairs: list[tuple[object, object]],
+    arch: str,
+    directory: str,
+    diagnose: Callable[..., str] | None = None,
+    on_row: Callable[[dict[str, object]], None] | None = None,
+) -> list[dict[str, object]]:
+    """Time what a sweep pays for each (loaded backend, case) pair, in this process and in the
+    sweep's order: every stage of the check (``engine.STAGES``, through ``sweep.check_pair``, the
+    function a worker calls), recording the result and saving a reproducer into ``directory`` (as
+    the sweep's parent does), and next to it the oracle alone on the same inputs (the exact layer,
+    weights dequantized inside the call). The ratio of the two says how much of a test is the
+    oracle's own arithmetic and how much is everything around it. ``diagnose`` is what the sweep
+    gives a FAIL (the CLI passes the catalogue's); ``on_row`` sees each row as it is made."""
+    from mxmoe.harness.judge.engine import STAGES, StageClock
+    from mxmoe.harness.run.results import Recorder
+    from mxmoe.harness.run.sweep import _repro_or_note, check_pair
+
+    sync = torch.cuda.synchronize if arch != "cpu" and torch.cuda.is_available() else (lambda: None)
+    recorder = Recorder(directory)
+    oracle_s: dict[str, float] = {}
+    rows = []
+    for loaded, case in pairs:
+        clock = StageClock()
+        start = time.perf_counter()
+        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
+        check_s = time.perf_counter() - start
+        t0 = time.perf_counter()
+        repro = _repro_or_note(recorder.directory, result, loaded, inputs)
+        recorder.record(result, loaded, repro)
+        record_s = time.perf_counter() - t0
+        if inputs is not None and case.id not in oracle_s:
+            sync()
+            t0 = time.perf_counter()
+            inputs.reference()
+            sync()
+            oracle_s[case.id] = time.perf_counter() - t0
+        oracle = oracle_s.get(case.id) if inputs is not None else None
+        stages = {name: clock.seconds[name] for name in STAGES}
+        stages["other"] = max(0.0, check_s - sum(stages.values()))
+        stages["record"] = record_s
+        total = check_s + record_s
+        rows.append({
+            "backend": loaded.backend.declaration.id,
+            "case": case.id,
+            "outcome": result.outcome,
+            "seconds": total,
+            "stages": stages,
+            "oracle_seconds": oracle,
+            "ratio": total / oracle if oracle else None,
+        })  # fmt: skip
+        if on_row is not None:
+            on_row(rows[-1])
+        del inputs, result
+    return rows

@@ -4,15 +4,35 @@ recorded in a results folder with a reproducer for every FAIL and ERROR."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from mxmoe.harness.cli.args import UsageError, discover, host_line
 from mxmoe.harness.cli.tables import format_table
+
+if TYPE_CHECKING:
+    from mxmoe.harness.contract.cases import Case
+    from mxmoe.harness.run.registry import Loaded
+
+
+def select_pairs(
+    backends: list[Loaded], cases: list[Case], arch: str, keep: list[str], drop: list[str]
+) -> list[tuple[Loaded, Case]]:
+    """The (backend, case) pairs whose test id contains every ``keep`` and no ``drop``, case by
+    case: the backends of one case follow each other, so that a worker draws the case's inputs and
+    computes its oracle once for all of them (``sweep.check_pair``)."""
+    from mxmoe.harness.judge.engine import test_id
+
+    def wanted(loaded: Loaded, case: Case) -> bool:
+        tid = test_id(loaded.backend.declaration.id, arch, case)
+        return all(k in tid for k in keep) and not any(x in tid for x in drop)
+
+    return [(loaded, case) for case in cases for loaded in backends if wanted(loaded, case)]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from mxmoe.harness.contract.platforms import host_arch
     from mxmoe.harness.diagnosis.explain import summarize
-    from mxmoe.harness.judge.engine import failure_message, test_id
+    from mxmoe.harness.judge.engine import failure_message
     from mxmoe.harness.run.profiles import profile_cases
     from mxmoe.harness.run.registry import select, with_tactics
     from mxmoe.harness.run.results import Recorder, replay_command
@@ -24,13 +44,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     cases = profile_cases(args.profile)
-    pairs = [
-        (loaded, case)
-        for loaded in backends
-        for case in cases
-        if all(k in test_id(loaded.backend.declaration.id, arch, case) for k in args.k)
-        and not any(x in test_id(loaded.backend.declaration.id, arch, case) for x in args.exclude)
-    ]
+    pairs = select_pairs(backends, cases, arch, args.k, args.exclude)
     if not pairs:
         raise UsageError(
             " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)]) + " selects none of the "
@@ -84,45 +98,38 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Add ``check`` to ``python -m harness``."""
-    from mxmoe.harness.cli.args import BACKEND_FILE_HELP, arch, backend_file, positive
+def add_selection(p: argparse.ArgumentParser, profile: str) -> None:
+    """The arguments that choose a check's tests (``select_pairs``): ``--backend``, ``--backend-file``,
+    ``--profile`` (default ``profile``), ``-k`` and ``-x``; ``check`` and ``bench-check`` share them."""
+    from mxmoe.harness.cli.args import BACKEND_FILE_HELP, backend_file
     from mxmoe.harness.run.profiles import PROFILES
 
-    p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
     p.add_argument(
-        "--backend",
-        action="append",
-        default=[],
-        metavar="PATTERN",
+        "--backend", action="append", default=[], metavar="PATTERN",
         help="shell glob on backend ids (repeatable; default: every backend of kind 'backend' and every file)",
-    )
+    )  # fmt: skip
+    p.add_argument("--backend-file", action="append", default=[], type=backend_file, metavar="PATH.py:Class",
+                   help=BACKEND_FILE_HELP)  # fmt: skip
+    p.add_argument("--profile", choices=PROFILES, default=profile, help=f"case list (default {profile})")
     p.add_argument(
-        "--backend-file",
-        action="append",
-        default=[],
-        type=backend_file,
-        metavar="PATH.py:Class",
-        help=BACKEND_FILE_HELP,
+        "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"
     )
-    p.add_argument("--profile", choices=PROFILES, default="pr", help="case list (default pr)")
+    p.add_argument("-x", "--exclude", action="append", default=[], metavar="SUBSTRING",
+                   help="drop test ids containing it (repeatable: any), e.g. -x gptoss -x dsv3 on a CPU")  # fmt: skip
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``check`` to ``python -m harness``."""
+    from mxmoe.harness.cli.args import arch, positive
+
+    p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
+    add_selection(p, "pr")
     p.add_argument(
         "--tactics", default="default", metavar="default|all|NAME,...",
         help="also run each backend under its declared tactics (each a backend <id>-tactic-<name>): 'all' or "
         "names (default: each kernel's own pick only)",
     )  # fmt: skip
     p.add_argument("--arch", type=arch, help="architecture token of the test ids (default: this host's)")
-    p.add_argument(
-        "-k", action="append", default=[], metavar="SUBSTRING", help="keep test ids containing it (repeatable: all)"
-    )
-    p.add_argument(
-        "-x",
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="SUBSTRING",
-        help="drop test ids containing it (repeatable: any), e.g. -x gptoss -x dsv3 on a CPU",
-    )
     p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
     p.add_argument("--workers", type=positive(int), default=1, help="worker processes (default 1)")
     p.add_argument("--timeout", type=positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")

@@ -8,8 +8,23 @@ import os
 import platform
 import socket
 from importlib import metadata
+from pathlib import Path
 
 import torch
+
+
+def cache_dir() -> Path:
+    """The project's cache of what is fetched, built or computed once (vendor code, wheels, builds,
+    the weights' spectral norms): ``$MXMOE_CACHE`` if set, else ``.cache/`` of a source checkout
+    (git-ignored), else ``~/.cache/mxmoe``."""
+    env = os.environ.get("MXMOE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "harness").is_dir():
+        return checkout / ".cache"
+    return Path.home() / ".cache" / "mxmoe"
+
 
 ARCHS = ("cpu", "sm80", "sm90", "sm100", "sm120", "gfx942", "gfx950", "gfx1250")
 """Architecture tokens as they appear in test ids (``pytest -k gfx942``)."""

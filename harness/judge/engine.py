@@ -10,11 +10,12 @@ bound of ``harness.judge.bounds``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,60 @@ from mxmoe.harness.judge.bounds import Bounded, tie_aware_bound
 from mxmoe.reference.moe import MoEWeights
 
 OUTCOMES = ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL")
+
+
+STAGES = (
+    "load",
+    "inputs",
+    "oracle and bound",
+    "convert",
+    "kernel runs",
+    "guards",
+    "compare",
+    "systematic",
+    "energy",
+    "diagnosis",
+)
+"""The stages of one check, in the order ``run_case`` passes through them (``StageClock``)."""
+
+
+class StageClock:
+    """Wall seconds spent in each stage of ``run_case`` (``STAGES``), summed over the checks it
+    times: what ``bench-check`` reports, so that speed work changes what is measured to cost. On a
+    GPU it synchronizes at every stage boundary, or the time of queued kernels would be charged to
+    whichever stage next waits on them; a check that is not timed passes no clock and never pays
+    for those synchronizations."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Charge the time inside the block to ``name`` (one of ``STAGES``)."""
+        if name not in self.seconds:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {name!r}")
+        _synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            _synchronize()
+            self.seconds[name] += time.perf_counter() - start
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def timed(clock: StageClock | None, name: str) -> Iterator[None]:
+    """``clock.stage(name)``, or nothing where no clock is given."""
+    if clock is None:
+        yield
+    else:
+        with clock.stage(name):
+            yield
 
 
 def test_id(backend_id: str, arch: str, case: Case) -> str:
@@ -127,6 +182,9 @@ class Result:
     diagnosis: str = ""
     """For a FAIL checked with ``diagnose``: the catalogue fault that explains the output, and
     where the error concentrates (``harness.diagnosis``)."""
+    inputs_modified: list[str] = field(default_factory=list)
+    """The inputs the backend wrote into (by name): a caller that shares one case's inputs among
+    backends draws them again after such a check."""
 
 
 HARNESS_RAISED = "the harness raised (not the backend)"
@@ -300,8 +358,10 @@ def judge(backend: Backend, result: Result) -> None:
             result.findings.append(text + " (declared non-deterministic)")
     unjudged = []
     if m.unjudged:
-        unjudged.append(f"{m.unjudged} of {m.elements} elements have no finite error bound or error/bound ratio "
-                        "(a harness error: they are not judged)")
+        unjudged.append(
+            f"{m.unjudged} of {m.elements} elements have no finite error bound or error/bound ratio "
+            "(a harness error: they are not judged)"
+        )
     if m.systematic_z is not None and not math.isfinite(m.systematic_z) and not (m.nonfinite or m.unwritten):
         unjudged.append(f"the systematic-error test's z is {m.systematic_z} (a harness error)")
     if result.outcome not in ("ERROR",):
@@ -324,8 +384,10 @@ def guarded_call(
     result: Result,
     *,
     bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
+    tied: int = 0,
     prepared: Callable[[], Any] | None = None,
     diagnose: Diagnose | None = None,
+    clock: StageClock | None = None,
 ) -> torch.Tensor | None:
     """The guarded, judged call of a backend that applies and is loaded: snapshot the inputs,
     convert (or ``prepared()``, for a caller that keeps converted weights, as a model's layer
@@ -334,23 +396,28 @@ def guarded_call(
     tie does), check the inputs are unchanged, and set ``result``'s outcome, reason and metrics.
     Returns the first run's output, or None when the backend raised (``result`` is its ERROR) or
     declined the case once it saw it (BackendUnavailable: a SKIP naming why).
-    Raises only for the harness's own failures (making the oracle)."""
+    Raises only for the harness's own failures (making the oracle). ``clock`` times its stages."""
     d = backend.declaration
     result.build = backend.provenance() or ""
     if bounded is None:
-        bounded, tied = tie_aware_bound(inputs, d.arithmetic)
-        if tied:
-            result.findings.append(f"{tied} token(s) routed at an exact top-k tie: judged by the closer resolution")
-    before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
+        with timed(clock, "oracle and bound"):
+            bounded, tied = tie_aware_bound(inputs, d.arithmetic)
+    if tied:
+        result.findings.append(f"{tied} token(s) routed at an exact top-k tie: judged by the closer resolution")
+    with timed(clock, "guards"):
+        before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
     shape = (inputs.case.tokens, inputs.case.hidden)
     try:
-        ready = prepared() if prepared is not None else backend.convert(inputs)
+        with timed(clock, "convert"):
+            ready = prepared() if prepared is not None else backend.convert(inputs)
         runs = []
         for _ in range(2):
-            out = poisoned(shape, d.arithmetic.precision.output, inputs.x.device)
-            backend.run(ready, inputs, out)
-            if out.is_cuda:
-                torch.cuda.synchronize(out.device)
+            with timed(clock, "guards"):
+                out = poisoned(shape, d.arithmetic.precision.output, inputs.x.device)
+            with timed(clock, "kernel runs"):
+                backend.run(ready, inputs, out)
+                if out.is_cuda:
+                    torch.cuda.synchronize(out.device)
             runs.append(out)
     except BackendUnavailable as exc:
         # The backend's own gate, known only once it sees the case (vLLM's oracle refusing or
@@ -366,28 +433,37 @@ def guarded_call(
         return None
     got = runs[0]
     del ready  # the backend's converted weights (45 GB as fp32 at DeepSeek-V3) are not needed to judge
-    if callable(bounded):
-        bounded = bounded(got)
-    result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
-    g64 = got.to(torch.float64)
-    result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
-    result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
-    _systematic(inputs, bounded, got, result)
-    now = inputs.tensors()
-    mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
+    with timed(clock, "compare"):
+        if callable(bounded):
+            bounded = bounded(got)
+        result.metrics = compare(got, bounded.ref, bounded.bound, still_poisoned(got))
+        g64 = got.to(torch.float64)
+        result.metrics.over_rigorous = int(((g64 - bounded.ref).abs() > bounded.rigorous).sum())
+    with timed(clock, "guards"):
+        result.metrics.nondeterministic = bitwise_differences(runs[0], runs[1])
+    _systematic(inputs, bounded, got, result, clock)
+    with timed(clock, "guards"):
+        now = inputs.tensors()
+        mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
     judge(backend, result)
+    result.inputs_modified = mutated
     if mutated and result.outcome != "XFAIL":
         result.outcome = "FAIL"
         result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
             f"; {result.reason}" if result.reason and not result.reason.startswith("worst") else ""
         )
     if diagnose is not None and result.outcome == "FAIL" and not mutated:
-        result.diagnosis = _diagnose_failing_run(inputs, runs, bounded, result, d.arithmetic, diagnose)
+        with timed(clock, "diagnosis"):
+            result.diagnosis = _diagnose_failing_run(inputs, runs, bounded, result, d.arithmetic, diagnose)
     return got
 
 
 def _diagnose_failing_run(
-    inputs: CaseInputs, runs: list[torch.Tensor], bounded: Bounded, result: Result, arithmetic: object,
+    inputs: CaseInputs,
+    runs: list[torch.Tensor],
+    bounded: Bounded,
+    result: Result,
+    arithmetic: object,
     diagnose: Diagnose,
 ) -> str:
     """The diagnosis of the run that is numerically wrong: the first where it is; the second where
@@ -407,25 +483,31 @@ def _diagnose_failing_run(
     return f"none needed: the output is within the bound (worst {m.worst_ratio:.3g}x)"
 
 
-def _systematic(inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result) -> None:
+def _systematic(
+    inputs: CaseInputs, bounded: Bounded, got: torch.Tensor, result: Result, clock: StageClock | None = None
+) -> None:
     """Run ``harness.judge.systematic`` on the output into the metrics; where it does not apply (a tie,
     a non-finite element), say so among the findings."""
-    record_beyond_bound(inputs.weights, bounded, got, result.metrics)
+    record_beyond_bound(inputs.weights, bounded, got, result.metrics, clock)
     if result.metrics.elements and bounded.terms is None:
         result.findings.append("systematic-error and energy tests not run: the oracle admits alternatives (a tie)")
 
 
-def record_beyond_bound(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, m: Metrics) -> None:
+def record_beyond_bound(
+    weights: MoEWeights, bounded: Bounded, got: torch.Tensor, m: Metrics, clock: StageClock | None = None
+) -> None:
     """The tests of the error's shape beyond the per-element bound (``harness.judge.systematic``:
     the projections and the energy test) into ``m``; nothing where they do not apply (no slot
     terms, a non-finite element). Every check that judges a layer's output calls this (one case,
     a model's layer, a sharded layer)."""
     from mxmoe.harness.judge.systematic import energy_test, systematic_test
 
-    found = systematic_test(weights, bounded, got)
+    with timed(clock, "systematic"):
+        found = systematic_test(weights, bounded, got)
     if found is not None:
         m.systematic_z, m.systematic_threshold, m.systematic = found.z, found.threshold, found.finding()
-    energy = energy_test(weights, bounded, got)
+    with timed(clock, "energy"):
+        energy = energy_test(weights, bounded, got)
     if energy is not None:
         m.energy_ratio, m.energy_threshold = energy.ratio, energy.threshold
         m.effective_bits, m.energy = energy.effective_bits, energy.finding()
@@ -449,15 +531,19 @@ def run_case(
     arch: str,
     *,
     inputs: CaseInputs | None = None,
-    bounded: Bounded | None = None,
+    bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
+    tied: int = 0,
     diagnose: Diagnose | None = None,
+    clock: StageClock | None = None,
 ) -> tuple[Result, CaseInputs | None]:
     """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
     it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
     before they were made. ``bounded`` (the oracle and bound of these inputs under this
-    backend's declared arithmetic) may be passed by a caller that checks many backends of one
-    arithmetic on the same inputs. ``diagnose``: a FAIL gets its diagnosis (``Result.diagnosis``)
-    from it; the user-facing checks pass one, the fault catalogue does not (it plants the cause)."""
+    backend's declared arithmetic: ``tie_aware_bound``'s first value, with its tie count as
+    ``tied``) may be passed by a caller that checks many backends of one arithmetic on the same
+    inputs. ``diagnose``: a FAIL gets its diagnosis (``Result.diagnosis``)
+    from it; the user-facing checks pass one, the fault catalogue does not (it plants the cause).
+    ``clock`` is charged each stage's time (``bench-check``)."""
     check_arch(arch)
     d = backend.declaration
     result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
@@ -471,12 +557,15 @@ def run_case(
             result.reason = f"needs {arch} hardware; this host is {host_arch()}"
             return result, None
         try:
-            backend.load()
+            with timed(clock, "load"):
+                backend.load()
         except (ImportError, BackendUnavailable) as exc:
             result.reason = f"{d.id} cannot run here: {exc}"
             return result, None
-        inputs = inputs if inputs is not None else make_inputs(case, device_for(arch))
-        guarded_call(backend, inputs, result, bounded=bounded, diagnose=diagnose)
+        if inputs is None:
+            with timed(clock, "inputs"):
+                inputs = make_inputs(case, device_for(arch))
+        guarded_call(backend, inputs, result, bounded=bounded, tied=tied, diagnose=diagnose, clock=clock)
         return result, inputs
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.

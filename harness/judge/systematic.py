@@ -55,11 +55,15 @@ the multiplicity, is above the bound's 8); see ``suites/systematic`` for the Dee
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from mxmoe.harness.contract.platforms import cache_dir
 from mxmoe.harness.judge.bounds import Bounded, SlotTerms, significand_bits
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4
@@ -141,11 +145,21 @@ def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device
         v = torch.zeros(t, k, hidden, dtype=torch.float32, device=device)
         for e in torch.unique(ids[routed]).tolist():
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
-            w2 = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).to(device)
+            w2 = _w2(weights, e, device)
             d = terms.bias13_effect[tok, slot].double() * factor[tok, slot].unsqueeze(1)
             v[tok, slot] = (d @ w2.T).float()
         out["bias13"] = v
     return out
+
+
+def _w2(weights: MoEWeights, e: int, device: torch.device) -> torch.Tensor:
+    """Expert ``e``'s w2 dequantized, float64 on ``device``. Kept in float32 (exact: an E2M1 code
+    times a power of two) per pair of w2 tensors, as the norms are (``_per_tensors``): the backends
+    checked on one case's inputs dequantize each expert once, not once each."""
+    kept = _per_tensors(weights, "w2")
+    if e not in kept:
+        kept[e] = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).float()
+    return kept[e].to(device=device, dtype=torch.float64)
 
 
 def systematic_test(
@@ -177,7 +191,7 @@ def systematic_test(
     block_z = []
     for e in experts:
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        w2 = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).to(err.device)  # [H, I]
+        w2 = _w2(weights, e, err.device)  # [H, I]
         wf2 = terms.weight[tok, slot].unsqueeze(1) ** 2
         q = terms.intermediate_sq[tok, slot].double() * wf2  # [n, I]: this slot's activation errors, weighted
         # those errors reach every element of the token: take their private share back out ...
@@ -229,27 +243,73 @@ def systematic_test(
 
 _NORMS: dict[str, float] = {}
 """Squared spectral norms of dequantized w2 matrices, by a digest of their bytes: a sweep judges
-many backends on one layer, and an SVD of gpt-oss's 2880 x 2880 costs about a second."""
+many backends on one layer, and an SVD of gpt-oss's 2880 x 2880 costs about 0.4 s on an H200 (a
+minute for gpt-oss-120b's 128 experts). They are also kept on disk, by the same digest, under the
+cache (``platforms.cache_dir``): a second sign-off on a machine computes none."""
 _NORMS_MAX = 1 << 14
+_NORMS_FOLDER = "spectral-norms"
 _SVD_SLACK = 1e-4
 """Relative allowance for the float32 SVD's own error (a few float32 ulps of the norm)."""
+_BY_TENSORS: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, int, int, dict[str, dict]]] = {}
+"""What is derived from one weights' w2 tensors (per-expert norms, dequantized matrices), by those
+tensors: every backend checked on one case's inputs reuses it (hashing gpt-oss-120b's 128 experts
+for the norms alone takes about 0.4 s)."""
 
 
-def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor) -> float:
-    """||W2||_2^2 of one expert's MXFP4 w2 (exact to the SVD's float32 error, rounded up)."""
-    import hashlib
-
+def _digest(blocks: torch.Tensor, scales: torch.Tensor) -> str:
     h = hashlib.sha256()
     for t in (blocks, scales):
         h.update(str(tuple(t.shape)).encode())
         h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    key = h.hexdigest()
-    if key not in _NORMS:
-        if len(_NORMS) >= _NORMS_MAX:
-            _NORMS.clear()
+    return h.hexdigest()
+
+
+def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor) -> float:
+    """||W2||_2^2 of one expert's MXFP4 w2 (exact to the SVD's float32 error, rounded up). Computed
+    once per matrix and kept, in memory and on disk, by a digest of its bytes."""
+    key = _digest(blocks, scales)
+    if key in _NORMS:
+        return _NORMS[key]
+    path = cache_dir() / _NORMS_FOLDER / key[:2] / key
+    try:
+        value = float(path.read_text(encoding="ascii"))
+    except (OSError, ValueError):
         w2 = dequantize_mxfp4(blocks, scales).float()
-        _NORMS[key] = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
-    return _NORMS[key]
+        value = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
+        try:  # whole or not at all: another worker may read it at once
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(repr(value), encoding="ascii")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: computed again next time
+    if len(_NORMS) >= _NORMS_MAX:
+        _NORMS.clear()
+    _NORMS[key] = value
+    return value
+
+
+def _per_tensors(weights: MoEWeights, what: str) -> dict:
+    """A dict kept for ``weights``' pair of w2 tensors while they live and are unchanged (their
+    version counters), one per ``what``: what is derived from the weights alone is then derived
+    once for every backend checked on them (``sweep.check_pair`` shares a case's inputs)."""
+    b, s = weights.w2_blocks, weights.w2_scales
+    key = (id(b), id(s))
+    entry = _BY_TENSORS.get(key)
+    if entry is None or entry[0]() is not b or entry[1]() is not s or entry[2:4] != (b._version, s._version):
+
+        def forget(ref: weakref.ref) -> None:  # the tensors are gone: so is what was derived from them
+            if key in _BY_TENSORS and ref in _BY_TENSORS[key][:2]:
+                del _BY_TENSORS[key]
+
+        entry = _BY_TENSORS[key] = (weakref.ref(b, forget), weakref.ref(s, forget), b._version, s._version, {})
+    return entry[4].setdefault(what, {})
+
+
+def w2_norms2(weights: MoEWeights) -> dict[int, float]:
+    """``w2_norm2`` of the experts of ``weights`` asked for so far, by expert, kept for its w2
+    tensors (``_per_tensors``); the caller fills it as it goes (``energy_test``: the routed ones)."""
+    return _per_tensors(weights, "norms")
 
 
 @dataclass(frozen=True)
@@ -320,9 +380,12 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
         return None
     ids = terms.ids
     shared = torch.zeros(ids.shape[0], dtype=torch.float64, device=err.device)
+    norms = w2_norms2(weights)
     for e in torch.unique(ids[ids >= 0]).tolist():
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        norm2 = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
+        if e not in norms:
+            norms[e] = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
+        norm2 = norms[e]
         q = terms.intermediate_sq[tok, slot].double().amax(dim=1) * terms.weight[tok, slot] ** 2
         shared.index_add_(0, tok, norm2 * q)
     lam = float((terms.variance.amax(dim=1) + shared).max()) / 3.0

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import TextIO
 
 from mxmoe.harness.contract.cases import Case
-from mxmoe.harness.contract.inputs import make_inputs
+from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
 from mxmoe.harness.contract.platforms import device_for, host_arch
-from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, run_case, test_id
+from mxmoe.harness.judge.bounds import tie_aware_bound
+from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
 from mxmoe.harness.run.registry import Loaded, load_spec
 from mxmoe.harness.run.results import Recorder, save_repro
 
@@ -57,6 +58,65 @@ def _repro_or_note(directory: Path, result: Result, loaded: Loaded, inputs: obje
     except Exception as exc:  # the verdict matters more than its reproducer
         result.findings.append(f"no reproducer saved: {type(exc).__name__}: {exc}")
         return None
+
+
+@dataclass
+class _Shared:
+    """One case's inputs and, per declared arithmetic, its oracle and bound (``tie_aware_bound``):
+    what every backend checked on that case reads and none may change. Inputs are a pure function
+    of the case and the oracle a pure function of the inputs and the arithmetic, so computing them
+    once per case instead of once per backend changes no verdict and no number; it is most of a
+    test's cost at gpt-oss shapes. Only the last case is kept (a sweep orders its pairs case by
+    case), and a backend that writes into its inputs (the engine compares them bit for bit after
+    every check) makes the next backend draw them again."""
+
+    key: tuple[str, str] | None = None
+    inputs: CaseInputs | None = None
+    bounds: dict[object, tuple[object, int]] = field(default_factory=dict)
+
+    def get(
+        self, case: Case, arch: str, arithmetic: object, clock: StageClock | None
+    ) -> tuple[CaseInputs, object, int]:
+        if self.key != (case.id, arch):
+            self.clear()
+            with timed(clock, "inputs"):
+                self.inputs = make_inputs(case, device_for(arch))
+            self.key = (case.id, arch)
+        if arithmetic not in self.bounds:
+            with timed(clock, "oracle and bound"):
+                self.bounds[arithmetic] = tie_aware_bound(self.inputs, arithmetic)
+        bounded, tied = self.bounds[arithmetic]
+        return self.inputs, bounded, tied
+
+    def clear(self) -> None:
+        self.key, self.inputs, self.bounds = None, None, {}
+
+
+_SHARED = _Shared()
+
+
+def check_pair(
+    loaded: Loaded, case: Case, arch: str, *, diagnose: Diagnose | None = None, clock: StageClock | None = None
+) -> tuple[Result, CaseInputs | None]:
+    """What a worker does with one task: ``run_case``, on the case's inputs and oracle shared with
+    the backends checked on the same case before it (``_Shared``). ``bench-check`` times this same
+    function (``clock``), so that what it measures is what a sweep pays."""
+    backend = loaded.backend
+    inputs = bounded = None
+    tied = 0
+    try:
+        if backend.supports(case, arch) is None and arch == host_arch():
+            inputs, bounded, tied = _SHARED.get(case, arch, backend.declaration.arithmetic, clock)
+    except Exception:  # run_case makes them again, and reports the harness's own failure as its ERROR
+        _SHARED.clear()
+        inputs = bounded = None
+        tied = 0
+    result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied, diagnose=diagnose,
+                            clock=clock)  # fmt: skip
+    if result.inputs_modified or (used is not None and result.outcome not in ("PASS", "FAIL")):
+        # written into, or left unchecked (the backend raised or declined mid-call): drawn again
+        _SHARED.clear()
+    return result, used
 
 
 def worker_main(
@@ -87,7 +147,7 @@ def worker_main(
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        result, inputs = run_case(loaded.backend, Case.from_dict(case_dict), arch, diagnose=diagnose)
+        result, inputs = check_pair(loaded, Case.from_dict(case_dict), arch, diagnose=diagnose)
         repro = _repro_or_note(directory, result, loaded, inputs)
         conn.send(("done", index, result, None if repro is None else str(repro)))
 

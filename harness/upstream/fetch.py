@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
+
+from mxmoe.harness.contract.platforms import cache_dir
 
 DEFAULT_VLLM = "0.26.0"
 """The vLLM release whose vendored triton_kernels (v3.5.1, the API vLLM runs on triton 3.6) is fetched."""
@@ -44,17 +45,6 @@ def release(version: str) -> tuple[int, ...]:
 
 class VendorMissing(Exception):
     """Vendor code that is neither installed nor cached; the message says how to get it."""
-
-
-def cache_dir() -> Path:
-    """Where fetched vendor code and wheels live (see the module docstring)."""
-    env = os.environ.get("MXMOE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "harness").is_dir():
-        return checkout / ".cache"
-    return Path.home() / ".cache" / "mxmoe"
 
 
 def triton_kernels_root(vllm_version: str = DEFAULT_VLLM) -> Path:

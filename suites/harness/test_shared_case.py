@@ -1,0 +1,93 @@
+"""A sweep shares one case's inputs and oracle among the backends checked on it
+(``sweep.check_pair``): the verdicts and every number must be those of checking each pair alone,
+including after a backend that writes into its inputs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from mxmoe.harness.contract.platforms import host_arch
+from mxmoe.harness.judge import systematic
+from mxmoe.harness.judge.engine import run_case
+from mxmoe.harness.run.profiles import profile_cases
+from mxmoe.harness.run.registry import load_spec
+from mxmoe.harness.run.sweep import _SHARED, check_pair
+
+ARCH = host_arch()
+HERE = Path(__file__).resolve()
+FAULTY = HERE.with_name("faulty_backends.py")
+ENGINE = HERE.parents[1] / "engine" / "test_engine.py"
+SPECS = (
+    f"{ENGINE}:WritesX",  # first on each case: the shared inputs must be drawn again after it
+    "mxmoe.harness.instruments.honest:HonestFp32",
+    "mxmoe.harness.instruments.honest:HonestBf16Gemm",  # another arithmetic: its own oracle and bound
+    "mxmoe.harness.instruments.honest:HonestSplitK",
+    f"{FAULTY}:WrongSignFp32",
+    "mxmoe.kernels.emulation:Emulation",
+)
+CASES = ("tiny-interleaved-default-t8", "small-interleaved-t16-trained", "tpsmall-interleaved-t9-tp2r1",
+         "dsmini-chunked-t9-ep2r1", "small-interleaved-t16-neartie")  # fmt: skip
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def test_shared_inputs_and_oracle_change_no_verdict_and_no_number():
+    loaded = [load_spec(s) for s in SPECS]
+    cases = [c for c in profile_cases("pr") if c.id in CASES]
+    assert len(cases) == len(CASES)
+    _SHARED.clear()
+    checked = 0
+    for case in cases:  # case by case, as a sweep orders them
+        for item in loaded:
+            shared, _ = check_pair(item, case, ARCH)
+            alone, _ = run_case(item.backend, case, ARCH)
+            assert shared.outcome == alone.outcome, (shared.test_id, shared.reason, alone.reason)
+            assert shared.reason == alone.reason
+            assert shared.findings == alone.findings
+            a, b = shared.metrics.to_dict(), alone.metrics.to_dict()
+            assert all(_same(a[k], b[k]) for k in a), {k: (a[k], b[k]) for k in a if not _same(a[k], b[k])}
+            checked += shared.outcome != "SKIP"
+    assert checked >= 20
+    outcomes = {(r.backend, r.outcome) for r in [check_pair(item, cases[0], ARCH)[0] for item in loaded]}
+    assert {("writes-x", "FAIL"), ("wrongsign-fp32", "FAIL"), ("honest-fp32", "PASS"), ("emulation", "PASS")} <= outcomes
+
+
+def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path))
+    gen = torch.Generator().manual_seed(7)
+    blocks = torch.randint(0, 256, (64, 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(118, 125, (64, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    systematic._NORMS.clear()
+    first = systematic.w2_norm2(blocks, scales)
+    files = [p for p in (tmp_path / "spectral-norms").rglob("*") if p.is_file()]
+    assert len(files) == 1 and float(files[0].read_text()) == first
+    systematic._NORMS.clear()
+    files[0].write_text(repr(first * 2))  # read back, not recomputed
+    assert systematic.w2_norm2(blocks, scales) == first * 2
+    systematic._NORMS.clear()
+    files[0].write_text("not a number")  # unreadable: computed again and rewritten
+    assert systematic.w2_norm2(blocks, scales) == first
+    assert float(files[0].read_text()) == first
+    exact = float(torch.linalg.matrix_norm(systematic.dequantize_mxfp4(blocks, scales).double(), ord=2)) ** 2
+    assert exact <= first <= exact * (1 + 3e-4)
+    systematic._NORMS.clear()
+
+
+@pytest.mark.parametrize("spec", ["mxmoe.harness.instruments.honest:HonestFp32"])
+def test_a_new_case_draws_new_inputs(spec):
+    item = load_spec(spec)
+    a, b = [c for c in profile_cases("pr") if c.id in CASES[:2]]
+    _SHARED.clear()
+    _, first = check_pair(item, a, ARCH)
+    _, again = check_pair(item, a, ARCH)
+    _, other = check_pair(item, b, ARCH)
+    assert again is first and other is not first and other.case.id == b.id
