@@ -92,3 +92,35 @@ def test_a_new_case_draws_new_inputs(spec):
     _, again = check_pair(item, a, ARCH)
     _, other = check_pair(item, b, ARCH)
     assert again is first and other is not first and other.case.id == b.id
+
+
+def test_a_recorded_sweep_is_what_each_test_alone_gives(tmp_path):
+    """``check`` in two workers (each sharing its cases among the backends it runs), recorded; each
+    record against the same test checked alone in this process."""
+    import subprocess
+    import sys
+
+    from mxmoe.harness.run.results import Recorder, read_results
+
+    root = HERE.parents[2]
+    args = ["check", "--profile", "pr", "-k", "small-interleaved-t16", "--backend", "emulation",
+            "--backend", "honest-*", "--backend-file", f"{ENGINE}:WritesX", "--backend", "writes-x", "--workers", "2",
+            "--results", str(tmp_path / "swept")]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=root, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    swept = read_results(tmp_path / "swept")
+    assert "writes-x" in {r["backend"] for r in swept} and len({r["backend"] for r in swept}) >= 6
+    assert len({r["case_id"] for r in swept}) >= 4
+    alone = Recorder(tmp_path / "alone")
+    loaded = {}
+    for rec in swept:  # each test again, alone, recorded the same way
+        item = loaded.setdefault(rec["backend_spec"], load_spec(rec["backend_spec"]))
+        case = next(c for c in profile_cases("pr") if c.id == rec["case_id"])
+        alone.record(run_case(item.backend, case, ARCH)[0], item)
+    again = {r["test_id"]: r for r in read_results(tmp_path / "alone")}
+    assert len(again) == len(swept)
+    for rec in swept:
+        other = again[rec["test_id"]]
+        for key in ("outcome", "reason", "findings", "metrics"):
+            assert rec[key] == other[key], (rec["test_id"], key)
