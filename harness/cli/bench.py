@@ -125,7 +125,7 @@ def _cmd_bench_check(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench-reference`` and ``bench-backend`` to ``python -m harness``."""
+    """Add ``bench-reference``, ``bench-backend`` and ``bench-check`` to ``python -m harness``."""
     from mxmoe.harness.audits.bench import MODEL_SHAPES
     from mxmoe.harness.cli.args import arch, device, int_list
 
