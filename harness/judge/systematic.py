@@ -55,11 +55,14 @@ the multiplicity, is above the bound's 8); see ``suites/systematic`` for the Dee
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -264,29 +267,88 @@ def _digest(blocks: torch.Tensor, scales: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor) -> float:
+def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor, wait: bool = True) -> float | None:
     """||W2||_2^2 of one expert's MXFP4 w2 (exact to the SVD's float32 error, rounded up). Computed
-    once per matrix and kept, in memory and on disk, by a digest of its bytes."""
+    once per matrix and kept, in memory and on disk, by a digest of its bytes. Workers of one sweep
+    judging the same weights at once do not each compute it: the one computing holds a lock on its
+    digest, and another either waits for its result (``wait``) or returns None at once, so that it
+    can compute other experts' meanwhile (``fill_w2_norms2``)."""
     key = _digest(blocks, scales)
     if key in _NORMS:
         return _NORMS[key]
     path = cache_dir() / _NORMS_FOLDER / key[:2] / key
-    try:
-        value = float(path.read_text(encoding="ascii"))
-    except (OSError, ValueError):
-        w2 = dequantize_mxfp4(blocks, scales).float()
-        value = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
-        try:  # whole or not at all: another worker may read it at once
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(repr(value), encoding="ascii")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache: computed again next time
+    value = _read_norm(path)
+    if value is None:
+        with _locked(path.with_suffix(".lock"), wait) as held:
+            if not held:
+                return None
+            value = _read_norm(path)  # written by the worker that held the lock before
+            if value is None:
+                w2 = dequantize_mxfp4(blocks, scales).float()
+                value = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
+                try:  # whole or not at all: another worker may read it at once
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                    tmp.write_text(repr(value), encoding="ascii")
+                    os.replace(tmp, path)
+                except OSError:
+                    pass  # a read-only cache: computed again next time
     if len(_NORMS) >= _NORMS_MAX:
         _NORMS.clear()
     _NORMS[key] = value
     return value
+
+
+def _read_norm(path: Path) -> float | None:
+    try:
+        return float(path.read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path, wait: bool) -> Iterator[bool]:
+    """An exclusive lock on ``path`` (created) for the block; yields whether it is held. Without
+    ``wait``, False at once where another process holds it. Where no lock can be taken (a
+    read-only cache, a platform without ``fcntl``) it yields True: each computes its own."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+b")  # noqa: SIM115 (closed below, after the lock is released)
+    except (ImportError, OSError):
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            yield True
+            return
+        yield True
+    finally:
+        f.close()  # releases the lock
+
+
+def fill_w2_norms2(weights: MoEWeights, experts: list[int]) -> dict[int, float]:
+    """``w2_norms2(weights)`` with ``experts`` filled in: first those no other process is computing
+    (read from disk, or computed here), then those it is (waiting for its results), so that
+    workers on the same weights share the SVDs instead of repeating them."""
+    norms = w2_norms2(weights)
+    later = []
+    for e in experts:
+        if e not in norms:
+            value = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e], wait=False)
+            if value is None:
+                later.append(e)
+            else:
+                norms[e] = value
+    for e in later:
+        norms[e] = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
+    return norms
 
 
 def _per_tensors(weights: MoEWeights, what: str) -> dict:
@@ -380,11 +442,10 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
         return None
     ids = terms.ids
     shared = torch.zeros(ids.shape[0], dtype=torch.float64, device=err.device)
-    norms = w2_norms2(weights)
-    for e in torch.unique(ids[ids >= 0]).tolist():
+    routed = torch.unique(ids[ids >= 0]).tolist()
+    norms = fill_w2_norms2(weights, routed)
+    for e in routed:
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        if e not in norms:
-            norms[e] = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
         norm2 = norms[e]
         q = terms.intermediate_sq[tok, slot].double().amax(dim=1) * terms.weight[tok, slot] ** 2
         shared.index_add_(0, tok, norm2 * q)

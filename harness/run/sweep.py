@@ -160,6 +160,8 @@ class _Slot:
     process: multiprocessing.process.BaseProcess | None = None
     conn: Connection | None = None
     task: int | None = None
+    group: list[int] = field(default_factory=list)
+    """The rest of the case this worker is on: its next tasks, before any other case's."""
     started: float = 0.0
     begun: bool = False
     deadline: float = 0.0
@@ -256,8 +258,14 @@ class Sweep:
             return self.verdicts
         ctx = multiprocessing.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // max(1, self.workers))
-        slots = [_Slot(index=i) for i in range(min(self.workers, len(pending)))]
-        queue = list(reversed(pending))
+        queue = by_case(pending, [case for _, case in pairs], heaviest_first=self.workers > 1)
+        slots = [_Slot(index=i) for i in range(min(self.workers, len(queue)))]
+
+        def next_task(slot: _Slot) -> int | None:
+            """The slot's case goes on where it is; an idle worker takes the next case whole."""
+            if not slot.group and queue:
+                slot.group = queue.pop(0)
+            return slot.group.pop(0) if slot.group else None
 
         def start(slot: _Slot) -> None:
             parent_conn, child_conn = ctx.Pipe()
@@ -290,18 +298,18 @@ class Sweep:
             self._finish(Verdict(result, loaded, _repro_or_note(directory, result, loaded, None)))
 
         try:
-            while queue or any(s.task is not None for s in slots):
+            while queue or any(s.task is not None or s.group for s in slots):
                 for slot in slots:
-                    if slot.task is None and queue:
+                    if slot.task is None and (slot.group or queue):
                         if slot.process is None or not slot.process.is_alive():
                             stop(slot)
                             start(slot)
-                        index = queue.pop()
+                        index = next_task(slot)
                         loaded, case = pairs[index]
                         try:
                             slot.conn.send((index, loaded.spec, case.to_dict(), arch))
                         except (BrokenPipeError, OSError):
-                            queue.append(index)  # the idle worker had died: restart it next round
+                            slot.group.insert(0, index)  # the idle worker had died: restart it next round
                             stop(slot)
                             continue
                         # Until the worker says it has begun, its start-up (importing torch) is
@@ -343,6 +351,28 @@ class Sweep:
                         pass
                 stop(slot)
         return self.verdicts
+
+
+def case_cost(case: Case) -> int:
+    """A case's work, for ordering only: its tokens' multiply-adds in both GEMMs plus its weights'
+    size (drawing them, converting them for each backend, the norms behind the energy test)."""
+    return case.experts * case.hidden * case.intermediate + case.tokens * case.top_k * case.hidden * case.intermediate
+
+
+def by_case(indices: list[int], cases: list[Case], heaviest_first: bool = False) -> list[list[int]]:
+    """``indices`` (into ``cases``) in groups of one case each, in first-seen order, each group in
+    its own order. A worker takes a group whole, so one case's inputs and oracle are computed once
+    for all its backends (``check_pair``) also when several workers share the sweep. With
+    ``heaviest_first`` (more than one worker) the costliest cases start first, so that the sweep
+    does not end waiting on one large case that started last (longest-processing-time order; the
+    verdicts do not depend on the order)."""
+    groups: dict[str, list[int]] = {}
+    for i in indices:
+        groups.setdefault(cases[i].id, []).append(i)
+    out = list(groups.values())
+    if heaviest_first:
+        out.sort(key=lambda g: case_cost(cases[g[0]]), reverse=True)  # stable: ties keep their order
+    return out
 
 
 def worst_ratio(verdicts: list[Verdict]) -> float:

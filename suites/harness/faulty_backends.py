@@ -54,3 +54,21 @@ class WrongSignFp32(TorchMoE):
     def run(self, prepared, inputs, out):
         super().run(prepared, inputs, out)
         out.neg_()
+
+
+class WhereRan(TorchMoE):
+    """Honest; appends ``backend case pid`` to the file named by $MXMOE_TEST_WHERE_RAN for every case
+    it runs, so a test can see which worker process ran what."""
+
+    declaration = _declare("where-ran-a", "honest fp32, noting its worker's pid")
+
+    def run(self, prepared, inputs, out):
+        with open(os.environ["MXMOE_TEST_WHERE_RAN"], "a", encoding="utf-8") as f:
+            f.write(f"{self.declaration.id} {inputs.case.id} {os.getpid()}\n")
+        super().run(prepared, inputs, out)
+
+
+class WhereRanB(WhereRan):
+    """The same, under another id: a second backend of every case."""
+
+    declaration = _declare("where-ran-b", "honest fp32, noting its worker's pid")

@@ -69,7 +69,7 @@ def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
     scales = torch.randint(118, 125, (64, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
     systematic._NORMS.clear()
     first = systematic.w2_norm2(blocks, scales)
-    files = [p for p in (tmp_path / "spectral-norms").rglob("*") if p.is_file()]
+    files = [p for p in (tmp_path / "spectral-norms").rglob("*") if p.is_file() and p.suffix != ".lock"]
     assert len(files) == 1 and float(files[0].read_text()) == first
     systematic._NORMS.clear()
     files[0].write_text(repr(first * 2))  # read back, not recomputed
@@ -81,6 +81,77 @@ def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
     exact = float(torch.linalg.matrix_norm(systematic.dequantize_mxfp4(blocks, scales).double(), ord=2)) ** 2
     assert exact <= first <= exact * (1 + 3e-4)
     systematic._NORMS.clear()
+
+
+def test_workers_on_the_same_weights_share_the_svds(tmp_path, monkeypatch):
+    """A norm another process is computing (its digest's lock held) is not computed again: that
+    expert is left for last and its result waited for, while the others are computed meanwhile."""
+    import fcntl
+    import threading
+
+    import torch
+
+    from mxmoe.reference.moe import MoEWeights
+
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path))
+    gen = torch.Generator().manual_seed(11)
+    blocks = torch.randint(0, 256, (3, 64, 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(118, 125, (3, 64, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    w13_blocks = torch.zeros(3, 128, 32, dtype=torch.uint8)  # H = I = 64; w2 is what the norms read
+    weights = MoEWeights(w13_blocks, torch.full((3, 128, 2), 127, dtype=torch.uint8), blocks, scales)
+    systematic._NORMS.clear()
+    path = tmp_path / "spectral-norms"
+    key = systematic._digest(blocks[1], scales[1])
+    (path / key[:2]).mkdir(parents=True)
+    other = open(path / key[:2] / f"{key}.lock", "a+b")  # another worker, computing expert 1's norm
+    fcntl.flock(other, fcntl.LOCK_EX)
+    assert systematic.w2_norm2(blocks[1], scales[1], wait=False) is None
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(systematic.fill_w2_norms2(weights, [0, 1, 2])))
+    thread.start()
+    thread.join(2.0)
+    assert thread.is_alive() and not done  # waiting for expert 1
+    written = {p.name for p in path.rglob("*") if p.is_file() and p.suffix != ".lock"}
+    assert written == {systematic._digest(blocks[e], scales[e]) for e in (0, 2)}  # computed meanwhile
+    (path / key[:2] / key).write_text(repr(123.0))  # the other worker's result
+    fcntl.flock(other, fcntl.LOCK_UN)
+    other.close()
+    thread.join(60)
+    assert done[1] == 123.0 and done[0] == systematic.w2_norm2(blocks[0], scales[0]) != 123.0
+    systematic._NORMS.clear()
+
+
+def test_a_case_is_one_workers_and_the_heaviest_start_first(tmp_path, monkeypatch):
+    """``by_case`` groups a sweep's pairs by case (heaviest first with several workers), and a check
+    in two workers runs every backend of a case in the same worker, both workers busy."""
+    import subprocess
+    import sys
+
+    from mxmoe.harness.run.sweep import by_case, case_cost
+
+    cases = [c for c in profile_cases("pr") if c.id in CASES]
+    pairs = [c for c in cases for _ in range(3)]
+    groups = by_case(list(range(len(pairs))), pairs)
+    assert [[pairs[i].id for i in g] for g in groups] == [[c.id] * 3 for c in cases]
+    heavy = by_case(list(range(len(pairs))), pairs, heaviest_first=True)
+    costs = [case_cost(pairs[g[0]]) for g in heavy]
+    assert costs == sorted(costs, reverse=True) and sorted(map(sorted, heavy)) == sorted(map(sorted, groups))
+    log = tmp_path / "where.txt"
+    where = HERE.parent / "faulty_backends.py"
+    args = ["check", "--profile", "pr", "-k", "tiny-interleaved", "--backend-file", f"{where}:WhereRan",
+            "--backend-file", f"{where}:WhereRanB", "--backend", "where-ran-*", "--workers", "2",
+            "--results", str(tmp_path / "r")]  # fmt: skip
+    env = {**__import__("os").environ, "MXMOE_TEST_WHERE_RAN": str(log)}
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=HERE.parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = [line.split() for line in log.read_text().splitlines()]
+    by = {}
+    for _backend, case, pid in ran:
+        by.setdefault(case, set()).add(pid)
+    assert len(by) >= 4 and {b for b, _, _ in ran} == {"where-ran-a", "where-ran-b"}
+    assert all(len(pids) == 1 for pids in by.values()), by
+    assert len({pid for _, _, pid in ran}) == 2
 
 
 @pytest.mark.parametrize("spec", ["mxmoe.harness.instruments.honest:HonestFp32"])
