@@ -84,6 +84,16 @@ def backend_file(value: str) -> str:
     return value
 
 
+def workers(value: str) -> int | str:
+    """argparse type of ``--workers``: a positive count, or ``auto`` (``platforms.auto_workers``)."""
+    if value == "auto":
+        return value
+    try:
+        return int(positive(int)(value))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive int or 'auto', got {value!r}") from None
+
+
 def positive(kind: type) -> Callable[[str], float]:
     """argparse type for counts and seconds: zero workers or a zero timeout is a typo, not a plan."""
 

@@ -30,10 +30,10 @@ def select_pairs(
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from mxmoe.harness.contract.platforms import host_arch
+    from mxmoe.harness.contract.platforms import auto_workers, host_arch
     from mxmoe.harness.diagnosis.explain import summarize
-    from mxmoe.harness.judge.engine import failure_message
-    from mxmoe.harness.run.profiles import profile_cases
+    from mxmoe.harness.judge.engine import failure_message, test_id
+    from mxmoe.harness.run.profiles import production_cases, profile_cases
     from mxmoe.harness.run.registry import select, with_tactics
     from mxmoe.harness.run.results import Recorder, replay_command
     from mxmoe.harness.run.sweep import Progress, Sweep, worst_ratio
@@ -45,6 +45,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     cases = profile_cases(args.profile)
     pairs = select_pairs(backends, cases, arch, args.k, args.exclude)
+    what = f"{len(backends)} backends x profile {args.profile}"
+    if args.production_shapes:
+        production = [b for b in backends if b.backend.declaration.production]
+        extra = select_pairs(production, production_cases(), arch, args.k, args.exclude)
+        seen = {test_id(b.backend.declaration.id, arch, c) for b, c in pairs}
+        pairs += [(b, c) for b, c in extra if test_id(b.backend.declaration.id, arch, c) not in seen]
+        what += f", and {len(production)} production kernels x {len(production_cases())} production shapes"
     if not pairs:
         raise UsageError(
             " ".join([*(f"-k {k}" for k in args.k), *(f"-x {x}" for x in args.exclude)]) + " selects none of the "
@@ -52,15 +59,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
             f"{', '.join(b.backend.declaration.id for b in backends)} on {arch} (profile {args.profile})"
         )
     recorder = Recorder(args.results)
+    workers = auto_workers(arch) if args.workers == "auto" else args.workers
     print(f"{host_line('cpu' if host_arch() == 'cpu' else 'cuda')} | arch {arch}")
     print(
-        f"check: {len(pairs)} tests ({len(backends)} backends x profile {args.profile}), {args.workers} worker(s), "
+        f"check: {len(pairs)} tests ({what}), {workers} worker(s){' (auto)' if args.workers == 'auto' else ''}, "
         f"timeout {args.timeout:g} s per case; results in {recorder.path}\n",
         flush=True,
     )
     progress = Progress(len(pairs))
     sweep = Sweep(
-        recorder, workers=args.workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
+        recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
         diagnose=summarize,
     )  # fmt: skip
     try:
@@ -120,7 +128,7 @@ def add_selection(p: argparse.ArgumentParser, profile: str) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` to ``python -m harness``."""
-    from mxmoe.harness.cli.args import arch, positive
+    from mxmoe.harness.cli.args import arch, positive, workers
 
     p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
     add_selection(p, "pr")
@@ -131,6 +139,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--arch", type=arch, help="architecture token of the test ids (default: this host's)")
     p.add_argument("--results", default="results", metavar="DIR", help="results folder (default ./results)")
-    p.add_argument("--workers", type=positive(int), default=1, help="worker processes (default 1)")
+    p.add_argument("--workers", type=workers, default=1, metavar="N|auto",
+                   help="worker processes (default 1); auto: one per core on a CPU, on GPUs as many per GPU as its "
+                   "free memory and the host's cores hold (each case's backends run in one worker, which draws its "
+                   "inputs and oracle once for them)")  # fmt: skip
+    p.add_argument("--production-shapes", action="store_true",
+                   help="also each selected production kernel at the production shapes (the nightly profile's gpt-oss "
+                   "cases) in the same workers: what a GPU sign-off judges")  # fmt: skip
     p.add_argument("--timeout", type=positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")
     p.set_defaults(fn=_cmd_check, parser=p)

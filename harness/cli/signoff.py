@@ -10,8 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-
-import torch
+from typing import ClassVar
 
 from mxmoe.harness.cli.args import dispatch, host_line
 from mxmoe.harness.cli.backends import availability
@@ -114,13 +113,17 @@ def _signoff(args: argparse.Namespace) -> int:
 
     write_manifest()  # before the first step: a sign-off stopped in it leaves a manifest saying so
 
-    def step(n: int, run: Callable[[], int], makes: str | None = None) -> int:
-        """Run step ``n``; it ran when it returned a verdict status (0 or 1) and wrote ``makes``."""
+    def step(n: int, run: Callable[[], int] | Background, makes: str | None = None) -> int:
+        """Run step ``n``; it ran when it returned a verdict status (0 or 1) and wrote ``makes``. A
+        ``Background`` step started earlier is waited for here, its time counted from its start."""
         name = SIGNOFF_STEPS[n - 1]
         print(f"\n[{n}/{len(SIGNOFF_STEPS)}] {name} ({time.perf_counter() - start:.0f} s elapsed)\n", flush=True)
         t0 = time.perf_counter()
         entry: dict[str, object] = {"name": name, "status": "ran", "exit_status": None, "reason": ""}
         before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
+        if isinstance(run, Background):
+            t0, before, run = run.started, run.before, run.wait
+            entry["beside"] = True
         try:
             rc = run()
             entry["exit_status"] = rc
@@ -168,34 +171,47 @@ def _signoff(args: argparse.Namespace) -> int:
 
     def kernel_check() -> int:
         """Every default backend on this host's arch over the pr profile; on a GPU, the production
-        kernels that run here also at production shapes (the nightly profile's gpt-oss cases, T = 1
-        to 4096), in one worker per GPU."""
-        # On a CPU, one worker per core (each a single-threaded interpreter, mostly); on a GPU one
-        # worker, as the GPU is the resource.
-        workers = str(os.cpu_count() or 1) if host_arch() == "cpu" else "1"
-        rc = _run(["check", "--profile", "pr", "--results", results, "--workers", workers])
+        kernels that run here also at production shapes (``check --production-shapes``), in the same
+        sweep: one set of workers loads each backend once, as many per GPU as memory and cores hold
+        (``--workers auto``; on a CPU one per core)."""
+        argv = ["check", "--profile", "pr", "--results", results, "--workers", str(args.workers)]
         production = _production_backends(here)
         if host_arch() != "cpu" and not production:
-            print("\nproduction shapes: no production kernel runs here, none judged at gpt-oss shapes")
+            print("production shapes: no production kernel runs here, none judged at gpt-oss shapes\n")
         elif host_arch() != "cpu":
-            print(f"\nproduction shapes: {', '.join(production)} over the nightly profile's gpt-oss cases\n",
-                  flush=True)  # fmt: skip
-            workers = str(max(1, torch.cuda.device_count()))
-            rc = max(rc, _run(["check", "--profile", "nightly", "-k", "gptoss", "--results", results,
-                               "--workers", workers, *(a for b in production for a in ("--backend", b))]))  # fmt: skip
-        return rc
+            print(f"production shapes: {', '.join(production)} over the nightly profile's gpt-oss cases\n", flush=True)
+            argv.append("--production-shapes")
+        return _run(argv)
 
-    step(2, kernel_check)
     # detection power: the catalogue of faulty kernels is caught, the honest variants are not
     mutants = os.path.join(results, "mutants.json")
-    step(3, lambda: _run(["mutants", "--profile", "pr", "--json", mutants]), makes=mutants)
     padding = os.path.join(results, "padding.json")
-    step(4, lambda: _run(["padding", "--json", padding]), makes=padding)
-    ran, declined = _ran_kernel_cases(results, here, host_arch())
-    for ident, why in declined.items():
-        print(f"\nnot through the tiny GPT-OSS: {ident} declined every kernel case here ({why})")
-    step(5, lambda: _signoff_models(results, ran))  # the tiny GPT-OSS's MoE through each backend that ran here
-    step(6, lambda: _signoff_gpqa(results, ran, args.interpreter_gpqa_questions))
+    catalogue = ["mutants", "--profile", "pr", "--json", mutants]
+    audit = ["padding", "--json", padding]
+    # On a GPU the steps that need nothing from each other run at once, each in a process of its
+    # own: the catalogue and the padding audit beside the kernel check, GPQA beside the model check
+    # (they use a small share of the GPU and of the host's cores). On a CPU every step needs all of
+    # its few cores, and they run one after the other.
+    beside = host_arch() != "cpu"
+    started: list[Background] = []
+    try:
+        if beside:
+            started += [Background(catalogue, results, "fault-catalogue", mutants),
+                        Background(audit, results, "padding-audit", padding)]  # fmt: skip
+        step(2, kernel_check)
+        step(3, started[0] if beside else (lambda: _run(catalogue)), makes=mutants)
+        step(4, started[1] if beside else (lambda: _run(audit)), makes=padding)
+        ran, declined = _ran_kernel_cases(results, here, host_arch())
+        for ident, why in declined.items():
+            print(f"\nnot through the tiny GPT-OSS: {ident} declined every kernel case here ({why})")
+        gpqa = None
+        if beside and ran and _gpqa_missing() is None:
+            started.append(gpqa := Background(_gpqa_argv(results, ran), results, "gpqa"))
+        step(5, lambda: _signoff_models(results, ran))  # the tiny GPT-OSS's MoE through each backend that ran here
+        step(6, gpqa or (lambda: _signoff_gpqa(results, ran, args.interpreter_gpqa_questions)))
+    finally:
+        for bg in started:
+            bg.stop()
     from mxmoe.harness.cli.report import print_verdict, run_report
 
     print(f"\n[7/{len(SIGNOFF_STEPS)}] {SIGNOFF_STEPS[6]} ({time.perf_counter() - start:.0f} s elapsed)\n")
@@ -203,8 +219,51 @@ def _signoff(args: argparse.Namespace) -> int:
     _print_not_run(report)
     print_verdict(report, files)
     print(f"sign-off took {time.perf_counter() - start:.0f} s: " + ", ".join(
-        f"{st['name']} {st['seconds']:.0f} s ({st['status']})" for st in steps))  # fmt: skip
+        f"{st['name']} {st['seconds']:.0f} s ({st['status']}{', beside the one before' if st.get('beside') else ''})"
+        for st in steps))  # fmt: skip
     return 0 if report["verdict"] == "SHIP" else 1
+
+
+class Background:
+    """A sign-off step's command (``python -m mxmoe ARGV``) started now in a process of its own,
+    its output kept in ``RESULTS/logs/NAME.log`` and printed when it is waited for; ``makes``' time
+    stamp is taken at the start, so that the step is judged on what it wrote since."""
+
+    command: ClassVar[tuple[str, ...]] = (sys.executable, "-m", "mxmoe")
+    """What runs ARGV (a test's stand-in replaces it)."""
+
+    def __init__(self, argv: Sequence[str], results: str, name: str, makes: str | None = None) -> None:
+        import subprocess
+        import time
+
+        self.started = time.perf_counter()
+        self.before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
+        os.makedirs(os.path.join(results, "logs"), exist_ok=True)
+        self.log = os.path.join(results, "logs", f"{name}.log")
+        with open(self.log, "w", encoding="utf-8") as out:
+            self.proc = subprocess.Popen([*self.command, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)  # fmt: skip
+        print(f"started beside it: python -m mxmoe {' '.join(argv)} (output in {self.log})", flush=True)
+
+    def wait(self) -> int:
+        """Its exit status, once it has ended; its output printed."""
+        rc = self.proc.wait()
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            sys.stdout.write(f.read())
+        sys.stdout.flush()
+        return rc
+
+    def stop(self) -> None:
+        """End it if it still runs (the sign-off was interrupted, or a step before raised)."""
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _signoff_backends() -> list[str]:
@@ -262,25 +321,38 @@ def _signoff_models(results: str, here: list[str]) -> int:
     return _run([*argv, *(a for b in here for a in ("--backend", b))])
 
 
+def _gpqa_missing() -> str | None:
+    """Why GPQA cannot run here (a package missing), or None."""
+    missing = _model_packages()
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        missing = missing or f"it needs lm-eval ({exc})"
+    return missing
+
+
+GPQA_ARGV = ("gpqa", "--model", "tiny", "--baseline", "oracle", "--batch", "8")
+
+
+def _gpqa_argv(results: str, backends: list[str]) -> list[str]:
+    return [*GPQA_ARGV, "--results", results, *(a for b in backends for a in ("--backend", b))]
+
+
 def _signoff_gpqa(results: str, here: list[str], limit: int = SIGNOFF_GPQA_LIMIT) -> int:
     """The tiny GPT-OSS's GPQA, each backend against the oracle-MoE model's answers on the same
     samples. On a CPU, backends under Triton's interpreter answer ``limit`` questions (in their own
     folder: another sample of questions is another test), or none when it is 0."""
     from mxmoe.harness.contract.platforms import host_arch
 
-    missing = _model_packages()
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError as exc:
-        missing = missing or f"it needs lm-eval ({exc})"
+    missing = _gpqa_missing()
     if missing:
         raise StepSkipped(missing)
     slow = [b for b in here if host_arch() == "cpu" and "triton" in b]
     full = [b for b in here if b not in slow]
     status = 0
-    argv = ["gpqa", "--model", "tiny", "--baseline", "oracle", "--batch", "8"]
+    argv = list(GPQA_ARGV)
     if full:
-        status = _run([*argv, "--results", results, *(a for b in full for a in ("--backend", b))])
+        status = _run(_gpqa_argv(results, full))
     if slow and not limit:
         print(f"\nnot run under Triton's CPU interpreter (--interpreter-gpqa-questions 0): {', '.join(slow)}")
     elif slow:
@@ -306,7 +378,7 @@ def _print_not_run(report: dict) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``signoff`` to ``python -m harness``."""
-    from mxmoe.harness.cli.args import count, device
+    from mxmoe.harness.cli.args import count, device, workers
 
     p = sub.add_parser(
         "signoff", help="the main job: self-check, kernel check, fault catalogue, model check, GPQA, report"
@@ -315,6 +387,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", default="results", help="results folder of every step (default results/); the "
                                                             "report goes to its report/")  # fmt: skip
     p.add_argument("--policy", metavar="FILE", help="the verdict's rules (default reports/policy.toml)")
+    p.add_argument("--workers", type=workers, default="auto", metavar="N|auto",
+                   help="the kernel check's worker processes (default auto: one per core on a CPU, on GPUs as many "
+                   "per GPU as memory and cores hold)")  # fmt: skip
     p.add_argument("--interpreter-gpqa-questions", type=count, default=SIGNOFF_GPQA_LIMIT, metavar="N",
                    help="tiny-GPQA questions for backends under Triton's CPU interpreter, about 15 s each on 2 cores "
                         "(default %(default)s; 0: none)")  # fmt: skip

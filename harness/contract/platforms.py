@@ -83,6 +83,35 @@ def pin_gpu(index: int) -> str | None:
     return f"cuda:{device} ({torch.cuda.get_device_name(device)})"
 
 
+WORKER_GPU_GIB = 24
+"""GPU memory a check worker is given, for ``auto_workers``: its largest case (gpt-oss-120b at
+T=4096) holds the drawn layer (1.6 GB), its w2 dequantized in float32 for the tests that read it
+(4.2 GB), one backend's converted copy (up to 2 GB with vLLM's padding), the float64 oracle, bound
+and error terms ([T, H] each) and the caching allocator's slack; twice the about 12 GB that adds up
+to, as a kernel's own workspace is unknown."""
+WORKER_CPUS = 4
+"""Host cores a GPU check worker is given, for ``auto_workers``: it draws on the GPU but runs its
+backends' Python, its guards and its result on the host, and a worker starved of cores stalls
+its GPU share."""
+
+
+def auto_workers(arch: str | None = None) -> int:
+    """``check --workers auto``: on a CPU one worker per core (each a single-threaded interpreter,
+    mostly); on GPUs, per GPU as many as its free memory holds at ``WORKER_GPU_GIB`` each and the
+    host's cores at ``WORKER_CPUS`` each, at least one (workers are pinned to GPUs round-robin:
+    ``pin_gpu``). Several workers on one GPU keep it busy while each spends most of a test on the
+    host (a test at gpt-oss shapes is milliseconds of kernel and tens to hundreds of host work)."""
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if (arch or host_arch()) == "cpu" or not torch.cuda.is_available():
+        return cpus
+    gpus = torch.cuda.device_count()
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(gpus))
+    per_gpu = min(int(free // (WORKER_GPU_GIB << 30)), cpus // gpus // WORKER_CPUS)
+    return gpus * max(1, per_gpu)
+
+
 def device_for(arch: str) -> str:
     """The torch device a test of ``arch`` runs on."""
     return "cpu" if arch == "cpu" else "cuda"

@@ -104,3 +104,11 @@ def profile_cases(profile: str) -> list[Case]:
         if unique.setdefault(c.id, c) != c:
             raise AssertionError(f"two different cases share the id {c.id} in profile {profile}")
     return list(unique.values())
+
+
+def production_cases() -> list[Case]:
+    """The production shapes: the nightly profile's gpt-oss cases (gpt-oss-20b and -120b at
+    T = 1 to 4097, both GPT-OSS routing paths, tile breaks, adversarial routings, trained-size
+    biases, TP and EP shards). A GPU sign-off judges every production kernel on them
+    (``check --production-shapes``)."""
+    return [c for c in profile_cases("nightly") if c.model.startswith("gptoss")]

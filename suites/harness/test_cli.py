@@ -194,7 +194,7 @@ def test_replay_of_a_saved_fail_fails_again(sweep):
         (("check", "--backend", "nope"), "--backend 'nope' matches no backend; available: emulation"),
         (("check", "--backend", "emulation", "-k", "nomatch"), "-k nomatch selects none of"),
         (("check", "--profile", "weekly"), "argument --profile: invalid choice: 'weekly' (choose from"),
-        (("check", "--workers", "0"), "argument --workers: expected a positive int"),
+        (("check", "--workers", "0"), "argument --workers: expected a positive int or 'auto', got '0'"),
         (("backends", "--backend-file", "missing.py:X"), "argument --backend-file: no such file"),
     ],
     ids=["arch", "backend", "k", "profile", "workers", "file"],
@@ -203,3 +203,130 @@ def test_bad_arguments_name_the_accepted_values(args, message):
     proc = harness(*args)
     assert proc.returncode == 2
     assert message in proc.stderr, proc.stderr
+
+
+def test_auto_workers_are_one_per_core_or_as_many_per_gpu_as_memory_and_cores_hold(monkeypatch):
+    import torch
+
+    from mxmoe.harness.contract import platforms
+
+    monkeypatch.setattr(platforms.os, "cpu_count", lambda: 16)
+    assert platforms.auto_workers("cpu") == 16
+    gib = 1 << 30
+    free = {0: 139 * gib, 1: 139 * gib}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 141 * gib))
+    assert platforms.auto_workers("sm90") == 4  # an H200 on 16 cores: the cores decide
+    monkeypatch.setattr(platforms.os, "cpu_count", lambda: 128)
+    assert platforms.auto_workers("sm90") == 5  # 139 GiB free at 24 each
+    free[0] = 30 * gib
+    assert platforms.auto_workers("sm90") == 1
+    free[0] = 10 * gib  # less than one worker's share: still one
+    assert platforms.auto_workers("sm90") == 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    free[0] = 139 * gib
+    assert platforms.auto_workers("sm90") == 10  # per GPU, the fullest GPU deciding
+
+
+def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(tmp_path, capsys):
+    """``check --production-shapes`` (what a GPU sign-off runs): the pr profile for every backend,
+    and the nightly gpt-oss cases for the production kernels only, a test id shared by both once.
+    On another arch every test is a SKIP decided without a worker."""
+    from mxmoe.harness.cli.app import main
+    from mxmoe.harness.run.profiles import production_cases, profile_cases
+
+    main(["check", "--arch", OTHER_ARCH, "--production-shapes", "--backend", "triton", "--backend", "emulation",
+          "--results", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "(2 backends x profile pr, and 1 production kernels x 52 production shapes)" in out
+    records = read_results(tmp_path)
+    ids = [r["test_id"] for r in records]
+    assert len(ids) == len(set(ids))
+    by = {b: {r["case_id"] for r in records if r["backend"] == b} for b in ("triton", "emulation")}
+    pr = {c.id for c in profile_cases("pr")}
+    production = {c.id for c in production_cases()}
+    assert len(production) == 52 and all("gptoss" in c for c in production)
+    assert by["emulation"] == pr and by["triton"] == pr | production
+    assert len(pr & production) == 1  # gpt-oss-20b at T=1: once
+
+
+def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path, monkeypatch):
+    """On a GPU the sign-off's kernel check is one sweep: the pr profile and the production
+    kernels at production shapes, ``--workers auto`` unless told; on a CPU the pr profile alone."""
+    import mxmoe.harness.audits.selfcheck as selfcheck
+    from mxmoe.harness.cli import signoff
+    from mxmoe.harness.cli.app import main
+    from mxmoe.harness.contract import platforms
+
+    ran = []
+    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda device: [])
+    monkeypatch.setattr(signoff, "_signoff_backends", lambda: ["emulation", "triton"])
+    monkeypatch.setattr(signoff, "_run", lambda argv: ran.append(list(argv)) or 0)
+    monkeypatch.setattr(signoff, "_signoff_models", lambda results, here: 0)
+    monkeypatch.setattr(signoff, "_signoff_gpqa", lambda results, here, limit: 0)
+    monkeypatch.setattr(signoff.Background, "command", (sys.executable, "-c", "pass"))  # the steps beside it
+    for arch, extra, expect in (("sm90", [], ["--workers", "auto", "--production-shapes"]),
+                                ("sm90", ["--workers", "2"], ["--workers", "2", "--production-shapes"]),
+                                ("cpu", [], ["--workers", "auto"])):  # fmt: skip
+        ran.clear()
+        monkeypatch.setattr(platforms, "host_arch", lambda arch=arch: arch)
+        main(["signoff", "--results", str(tmp_path / arch), *extra])
+        checks = [a for a in ran if a[0] == "check"]
+        assert len(checks) == 1 and checks[0][-len(expect):] == expect, checks
+
+
+FAKE_STEP = """
+import sys, time
+argv = sys.argv[1:]
+time.sleep(3)
+print("stand-in for", argv[0], flush=True)
+if "--json" in argv:
+    open(argv[argv.index("--json") + 1], "w").write("{}")
+"""
+
+
+def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_once(tmp_path, monkeypatch, capsys):
+    """On a GPU the catalogue and the padding audit run beside the kernel check and GPQA beside the
+    model check, each in its own process (stand-ins of 3 s each here): every step is in the
+    manifest in order, judged on what it wrote since it started, its output printed; the whole
+    takes less than the steps one after the other. A step still running when the sign-off stops
+    is ended."""
+    import time
+
+    import mxmoe.harness.audits.selfcheck as selfcheck
+    from mxmoe.harness.cli import signoff
+    from mxmoe.harness.cli.app import main
+    from mxmoe.harness.contract import platforms
+
+    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda device: [])
+    monkeypatch.setattr(signoff, "_signoff_backends", lambda: ["emulation"])
+    monkeypatch.setattr(signoff, "_ran_kernel_cases", lambda results, ids, arch: (ids, {}))
+    monkeypatch.setattr(signoff, "_gpqa_missing", lambda: None)
+    monkeypatch.setattr(signoff, "_run", lambda argv: time.sleep(3) or 0)  # the kernel check, in-process
+    monkeypatch.setattr(signoff, "_signoff_models", lambda results, here: time.sleep(3) or 0)
+    monkeypatch.setattr(signoff.Background, "command", (sys.executable, "-c", FAKE_STEP))
+    monkeypatch.setattr(platforms, "host_arch", lambda: "sm90")
+    from mxmoe.harness.cli import report  # the stand-ins write no records to report on
+
+    monkeypatch.setattr(report, "run_report", lambda *a, **k: ({"verdict": "BLOCKED", "rows": []}, {}))
+    monkeypatch.setattr(report, "print_verdict", lambda *a: None)
+    results = tmp_path / "r"
+    t0 = time.perf_counter()
+    main(["signoff", "--results", str(results)])
+    wall = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    manifest = json.loads((results / "signoff-steps.json").read_text())
+    steps = manifest["steps"]
+    assert [st["name"] for st in steps] == manifest["planned"]
+    assert [st["status"] for st in steps] == ["ran"] * 6, steps
+    assert [bool(st.get("beside")) for st in steps] == [False, False, True, True, False, True]
+    assert all(st["seconds"] >= 2.9 for st in steps[1:])
+    assert wall < 4 * 3 + 1.5  # 15 s of steps after the self-check, in about 6 s of waiting (plus the report)
+    for name in ("mutants", "padding", "gpqa"):
+        assert f"stand-in for {name}" in out
+    assert (results / "logs" / "gpqa.log").read_text().startswith("stand-in for gpqa")
+    bg = signoff.Background(["sleeps"], str(tmp_path), "left-running")
+    assert bg.proc.poll() is None
+    bg.stop()
+    assert bg.proc.poll() is not None
