@@ -126,7 +126,6 @@ def read_manifest(root: Path) -> dict[str, object]:
 def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
          log: Callable[[str], None] = print) -> dict[str, object]:  # fmt: skip
     """Write the bundle (module docstring) into ``out`` (which must not exist yet); its manifest."""
-    from mxmoe.harness.upstream.fetch import fetch_triton_kernels
     from mxmoe.harness.upstream.vllm_ops import fetch_source
     from mxmoe.harness.upstream.vllm_runtime import fetch_runtime, runtime_fetched, runtime_root
 
@@ -149,10 +148,7 @@ def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
     (lm_eval,) = wheels.glob("lm_eval-*.whl")
     without_tasks(lm_eval)
     log("bundle: triton_kernels, vLLM's runtime and vLLM's csrc/ ...")
-    tk = triton_kernels_root(DEFAULT_VLLM)
-    if not (tk / "triton_kernels" / "__init__.py").is_file():
-        tk = fetch_triton_kernels(DEFAULT_VLLM)
-    shutil.copytree(tk, partial / "vendor" / tk.name)
+    copy_triton_kernels(partial)
     runtime = runtime_root(NEWEST_VLLM, python)
     if not runtime_fetched(NEWEST_VLLM, python):
         runtime = fetch_runtime(NEWEST_VLLM, None, python, platform)
@@ -164,6 +160,21 @@ def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
     partial.rename(out)
     log(f"bundle: {out}, {data['total_bytes'] / 2**20:.1f} MiB in {len(data['files'])} files")
     return data
+
+
+def copy_triton_kernels(partial: Path) -> Path:
+    """Copy the cached triton_kernels (fetched first where missing) to where ``offline_sources``
+    looks for it; the copy's path. The cache's root folder is copied, whatever the fetch returned:
+    ``fetch_triton_kernels`` answers with the package folder inside it, and a bundle made from an
+    empty cache once held that folder under the wrong name, so the GPU set-up found none."""
+    from mxmoe.harness.upstream.fetch import fetch_triton_kernels
+
+    root = triton_kernels_root(DEFAULT_VLLM)
+    if not (root / "triton_kernels" / "__init__.py").is_file():
+        fetch_triton_kernels(DEFAULT_VLLM)
+    dest = offline_sources(partial)["triton-kernels"]
+    shutil.copytree(root, dest)
+    return dest
 
 
 def offline_sources(root: Path) -> dict[str, Path]:

@@ -128,6 +128,32 @@ def _bundle(tmp_path: Path) -> Path:
     return root
 
 
+def test_a_bundle_made_from_an_empty_cache_holds_triton_kernels_where_the_set_up_reads_it(tmp_path, monkeypatch):
+    """The fetch answers with the package folder inside the cache's root: a bundle made from an
+    empty cache once copied that folder under the wrong name, and the GPU set-up found nothing."""
+    from mxmoe.harness.upstream import fetch
+
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path / "cache"))
+    wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux1_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(fetch.TRITON_KERNELS_IN_WHEEL + "__init__.py", "")
+        z.writestr(fetch.TRITON_KERNELS_IN_WHEEL + "matmul_ogs.py", "# stand-in\n")
+    real = fetch.fetch_triton_kernels
+    monkeypatch.setattr(fetch, "fetch_triton_kernels", lambda version: real(version, wheel=wheel))
+    partial = tmp_path / "bundle.partial"
+    copied = bundle.copy_triton_kernels(partial)
+    assert copied == bundle.offline_sources(partial)["triton-kernels"]
+    assert (copied / "triton_kernels" / "matmul_ogs.py").read_text() == "# stand-in\n"
+    # The GPU host's set-up, from that bundle into its own empty cache, really copies it.
+    gpu_cache = tmp_path / "gpu-cache"
+    monkeypatch.setenv("MXMOE_CACHE", str(gpu_cache))
+    steps = [s for s in plan(FRESH, ".cache/keep-installed.txt", bundle.offline_sources(partial))
+             if s.name == "triton-kernels"]  # fmt: skip
+    (done,) = run(steps, lambda line: None)
+    assert done.status == "ran", done.reason
+    assert (gpu_cache / "vendor" / copied.name / "triton_kernels" / "matmul_ogs.py").is_file()
+
+
 def test_offline_every_piece_comes_from_the_bundle_and_nothing_is_fetched(tmp_path, monkeypatch):
     monkeypatch.setenv("MXMOE_CACHE", str(tmp_path / "cache"))
     root = _bundle(tmp_path)
