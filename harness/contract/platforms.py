@@ -83,12 +83,14 @@ def pin_gpu(index: int) -> str | None:
     return f"cuda:{device} ({torch.cuda.get_device_name(device)})"
 
 
-WORKER_GPU_GIB = 24
-"""GPU memory a check worker is given, for ``auto_workers``: its largest case (gpt-oss-120b at
-T=4096) holds the drawn layer (1.6 GB), its w2 dequantized in float32 for the tests that read it
-(4.2 GB), one backend's converted copy (up to 2 GB with vLLM's padding), the float64 oracle, bound
-and error terms ([T, H] each) and the caching allocator's slack; twice the about 12 GB that adds up
-to, as a kernel's own workspace is unknown."""
+WORKER_GPU_GIB = 48
+"""GPU memory a check worker is given, for ``auto_workers``. Measured, not summed: on one H200
+(2026-12-03) a sign-off's workers on gpt-oss-120b cases held 29 to 37 GiB each (the drawn layer,
+its w2 dequantized in float32 for the systematic test, each backend's converted copy, the float64
+oracle and bound, the caching allocator's slack), and 4 workers beside the fault catalogue ran out
+of the GPU's 139 GiB: 24 ERRORs, and FlashInfer's CUTLASS kernel failed 3 gpt-oss-120b cases with
+run-to-run differences it never shows alone. 48 GiB each leaves a third of headroom over the worst
+seen, so an H200 runs 2 workers."""
 WORKER_CPUS = 4
 """Host cores a GPU check worker is given, for ``auto_workers``: it draws on the GPU but runs its
 backends' Python, its guards and its result on the host, and a worker starved of cores stalls

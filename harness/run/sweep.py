@@ -135,6 +135,7 @@ def worker_main(
     pin_gpu(slot)
     cache: dict[str, Loaded] = {}
     directory = Path(results_dir)
+    case_id = None
     while True:
         try:
             task = conn.recv()
@@ -144,10 +145,17 @@ def worker_main(
             return
         index, spec, case_dict, arch = task
         conn.send(("begin", index))
+        case = Case.from_dict(case_dict)
+        if case.id != case_id and torch.cuda.is_available():
+            # The last case's tensors go, and the allocator's cache with them: what a gpt-oss-120b
+            # case held (tens of GiB) is then free for the other workers on this GPU.
+            _SHARED.clear()
+            torch.cuda.empty_cache()
+        case_id = case.id
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        result, inputs = check_pair(loaded, Case.from_dict(case_dict), arch, diagnose=diagnose)
+        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose)
         repro = _repro_or_note(directory, result, loaded, inputs)
         conn.send(("done", index, result, None if repro is None else str(repro)))
 

@@ -217,16 +217,19 @@ def test_auto_workers_are_one_per_core_or_as_many_per_gpu_as_memory_and_cores_ho
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 141 * gib))
-    assert platforms.auto_workers("sm90") == 4  # an H200 on 16 cores: the cores decide
+    assert platforms.auto_workers("sm90") == 2  # an H200 on 16 cores: 139 GiB free at 48 each
+    monkeypatch.setattr(platforms.os, "cpu_count", lambda: 4)
+    assert platforms.auto_workers("sm90") == 1  # 4 cores: the cores decide
     monkeypatch.setattr(platforms.os, "cpu_count", lambda: 128)
-    assert platforms.auto_workers("sm90") == 5  # 139 GiB free at 24 each
-    free[0] = 30 * gib
+    free[0] = 300 * gib
+    assert platforms.auto_workers("sm90") == 6  # 300 GiB free at 48 each
+    free[0] = 60 * gib
     assert platforms.auto_workers("sm90") == 1
     free[0] = 10 * gib  # less than one worker's share: still one
     assert platforms.auto_workers("sm90") == 1
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    free[0] = 139 * gib
-    assert platforms.auto_workers("sm90") == 10  # per GPU, the fullest GPU deciding
+    free[0], free[1] = 300 * gib, 139 * gib
+    assert platforms.auto_workers("sm90") == 4  # per GPU, the fullest GPU deciding
 
 
 def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(tmp_path, capsys):
