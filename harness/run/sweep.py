@@ -305,50 +305,72 @@ class Sweep:
             stop(slot)
             self._finish(Verdict(result, loaded, _repro_or_note(directory, result, loaded, None)))
 
+        # Tests that ran out of GPU memory beside other workers: run again at the end, one worker
+        # alone, so that only a test that runs out of memory by itself is an ERROR.
+        retried: set[int] = set()
         try:
-            while queue or any(s.task is not None or s.group for s in slots):
-                for slot in slots:
-                    if slot.task is None and (slot.group or queue):
-                        if slot.process is None or not slot.process.is_alive():
-                            stop(slot)
-                            start(slot)
-                        index = next_task(slot)
-                        loaded, case = pairs[index]
-                        try:
-                            slot.conn.send((index, loaded.spec, case.to_dict(), arch))
-                        except (BrokenPipeError, OSError):
-                            slot.group.insert(0, index)  # the idle worker had died: restart it next round
-                            stop(slot)
-                            continue
-                        # Until the worker says it has begun, its start-up (importing torch) is
-                        # not the backend's time.
-                        slot.task, slot.started, slot.begun = index, time.monotonic(), False
-                        slot.deadline = slot.started + self.timeout + STARTUP_GRACE
-                busy = [s for s in slots if s.task is not None]
-                if not busy:
-                    continue
-                wait_s = min(1.0, max(0.0, min(s.deadline for s in busy) - time.monotonic()))
-                ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=wait_s))
-                for slot in busy:
-                    if slot.conn in ready or slot.process.sentinel in ready:
-                        try:
-                            while slot.task is not None and slot.conn.poll():
-                                message = slot.conn.recv()
-                                if message[0] == "begin":
-                                    slot.started, slot.begun = time.monotonic(), True
-                                    slot.deadline = slot.started + self.timeout
-                                else:
-                                    _, index, result, repro = message
-                                    slot.task = None
-                                    self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
-                        except (EOFError, OSError):
-                            pass  # the worker is gone; its exit status says how
-                        if slot.task is not None and not slot.process.is_alive():
-                            slot.process.join(1)
-                            lost(slot, f"the backend's process crashed: {_exit_text(slot.process.exitcode)}")
-                    elif time.monotonic() > slot.deadline:
-                        what = f"no verdict within {self.timeout:g} s" if slot.begun else "the worker did not start"
-                        lost(slot, f"timeout: {what}; the worker was killed")
+            for alone in (False, True):
+                if alone:
+                    if not retried:
+                        break
+                    for slot in slots[1:]:
+                        if slot.process is not None and slot.process.is_alive():
+                            try:
+                                slot.conn.send(None)
+                                slot.process.join(5)
+                            except (BrokenPipeError, OSError):
+                                pass
+                        stop(slot)
+                    slots = slots[:1]
+                    queue.extend([i] for i in sorted(retried))
+                    print(f"check: {len(retried)} test(s) ran out of GPU memory beside other workers; "
+                          "running them again, one worker alone", file=sys.stderr, flush=True)  # fmt: skip
+                while queue or any(s.task is not None or s.group for s in slots):
+                    for slot in slots:
+                        if slot.task is None and (slot.group or queue):
+                            if slot.process is None or not slot.process.is_alive():
+                                stop(slot)
+                                start(slot)
+                            index = next_task(slot)
+                            loaded, case = pairs[index]
+                            try:
+                                slot.conn.send((index, loaded.spec, case.to_dict(), arch))
+                            except (BrokenPipeError, OSError):
+                                slot.group.insert(0, index)  # the idle worker had died: restart it next round
+                                stop(slot)
+                                continue
+                            # Until the worker says it has begun, its start-up (importing torch) is
+                            # not the backend's time.
+                            slot.task, slot.started, slot.begun = index, time.monotonic(), False
+                            slot.deadline = slot.started + self.timeout + STARTUP_GRACE
+                    busy = [s for s in slots if s.task is not None]
+                    if not busy:
+                        continue
+                    wait_s = min(1.0, max(0.0, min(s.deadline for s in busy) - time.monotonic()))
+                    ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=wait_s))
+                    for slot in busy:
+                        if slot.conn in ready or slot.process.sentinel in ready:
+                            try:
+                                while slot.task is not None and slot.conn.poll():
+                                    message = slot.conn.recv()
+                                    if message[0] == "begin":
+                                        slot.started, slot.begun = time.monotonic(), True
+                                        slot.deadline = slot.started + self.timeout
+                                    else:
+                                        _, index, result, repro = message
+                                        slot.task = None
+                                        if len(slots) > 1 and index not in retried and out_of_memory(result):
+                                            retried.add(index)  # beside other workers: again, alone
+                                            continue
+                                        self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
+                            except (EOFError, OSError):
+                                pass  # the worker is gone; its exit status says how
+                            if slot.task is not None and not slot.process.is_alive():
+                                slot.process.join(1)
+                                lost(slot, f"the backend's process crashed: {_exit_text(slot.process.exitcode)}")
+                        elif time.monotonic() > slot.deadline:
+                            what = f"no verdict within {self.timeout:g} s" if slot.begun else "the worker did not start"
+                            lost(slot, f"timeout: {what}; the worker was killed")
         finally:
             for slot in slots:
                 if slot.process is not None and slot.process.is_alive() and slot.task is None:
@@ -359,6 +381,13 @@ class Sweep:
                         pass
                 stop(slot)
         return self.verdicts
+
+
+def out_of_memory(result: Result) -> bool:
+    """Whether an ERROR is the device running out of memory (torch's OutOfMemoryError, also as a
+    backend's own wrapped message), which other workers on the same GPU can cause."""
+    text = f"{result.reason or ''}\n{result.traceback or ''}"
+    return result.outcome == "ERROR" and ("OutOfMemoryError" in text or "out of memory" in text.lower())
 
 
 def case_cost(case: Case) -> int:

@@ -72,3 +72,21 @@ class WhereRanB(WhereRan):
     """The same, under another id: a second backend of every case."""
 
     declaration = _declare("where-ran-b", "honest fp32, noting its worker's pid")
+
+
+class OutOfMemoryOnce(TorchMoE):
+    """Honest, but raises torch's OutOfMemoryError the first time it meets each case (a marker
+    file per case under $MXMOE_TEST_OOM_DIR), as a GPU shared with other workers can; appends
+    ``case pid`` to $MXMOE_TEST_OOM_DIR/ran.txt for every call."""
+
+    declaration = _declare("oom-once", "CUDA out of memory at each case's first call, honest after")
+
+    def run(self, prepared, inputs, out):
+        folder = os.environ["MXMOE_TEST_OOM_DIR"]
+        with open(os.path.join(folder, "ran.txt"), "a", encoding="utf-8") as f:
+            f.write(f"{inputs.case.id} {os.getpid()}\n")
+        marker = os.path.join(folder, inputs.case.id)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.91 GiB (a test's stand-in)")
+        super().run(prepared, inputs, out)

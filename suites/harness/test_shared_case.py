@@ -195,3 +195,37 @@ def test_a_recorded_sweep_is_what_each_test_alone_gives(tmp_path):
         other = again[rec["test_id"]]
         for key in ("outcome", "reason", "findings", "metrics"):
             assert rec[key] == other[key], (rec["test_id"], key)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, workers):
+    """Beside other workers an out-of-memory ERROR says nothing of the backend: the sweep runs
+    that test again at the end, one worker alone, and records that verdict. Alone (one worker) it
+    is the ERROR it is."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    where = HERE.parent / "faulty_backends.py"
+    oom = tmp_path / "oom"
+    oom.mkdir()
+    args = ["check", "--profile", "pr", "-k", "tiny-interleaved", "--backend-file", f"{where}:OutOfMemoryOnce",
+            "--backend", "oom-once", "--workers", str(workers), "--results", str(tmp_path / "r")]  # fmt: skip
+    env = {**os.environ, "MXMOE_TEST_OOM_DIR": str(oom)}
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=HERE.parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    rows = [json.loads(line) for f in (tmp_path / "r").glob("*.jsonl") for line in f.read_text().splitlines()]
+    ran = [line.split()[0] for line in (oom / "ran.txt").read_text().splitlines()]
+    cases = sorted({r["case_id"] for r in rows})
+    assert len(cases) >= 2 and len(rows) == len(cases), rows
+    if workers == 1:
+        assert proc.returncode != 0 and {r["outcome"] for r in rows} == {"ERROR"}
+        assert all("OutOfMemoryError" in r["traceback"] for r in rows)
+        assert sorted(ran) == cases
+    else:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert {r["outcome"] for r in rows} == {"PASS"}
+        # once out of memory beside the other worker, then the check's two runs, alone
+        assert sorted(ran) == sorted(cases * 3)
+        assert f"check: {len(cases)} test(s) ran out of GPU memory beside other workers" in proc.stderr
