@@ -305,6 +305,16 @@ class Sweep:
             stop(slot)
             self._finish(Verdict(result, loaded, _repro_or_note(directory, result, loaded, None)))
 
+        def retire(slot: _Slot) -> None:
+            """Ends the slot's worker: asked to finish where it is idle, killed otherwise."""
+            if slot.process is not None and slot.process.is_alive() and slot.task is None:
+                try:
+                    slot.conn.send(None)
+                    slot.process.join(5)
+                except (BrokenPipeError, OSError):
+                    pass
+            stop(slot)
+
         # Tests that ran out of GPU memory beside other workers: run again at the end, one worker
         # alone, so that only a test that runs out of memory by itself is an ERROR.
         retried: set[int] = set()
@@ -314,13 +324,7 @@ class Sweep:
                     if not retried:
                         break
                     for slot in slots[1:]:
-                        if slot.process is not None and slot.process.is_alive():
-                            try:
-                                slot.conn.send(None)
-                                slot.process.join(5)
-                            except (BrokenPipeError, OSError):
-                                pass
-                        stop(slot)
+                        retire(slot)
                     slots = slots[:1]
                     queue.extend([i] for i in sorted(retried))
                     print(f"check: {len(retried)} test(s) ran out of GPU memory beside other workers; "
@@ -373,13 +377,7 @@ class Sweep:
                             lost(slot, f"timeout: {what}; the worker was killed")
         finally:
             for slot in slots:
-                if slot.process is not None and slot.process.is_alive() and slot.task is None:
-                    try:
-                        slot.conn.send(None)
-                        slot.process.join(5)
-                    except (BrokenPipeError, OSError):
-                        pass
-                stop(slot)
+                retire(slot)
         return self.verdicts
 
 
