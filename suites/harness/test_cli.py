@@ -254,7 +254,18 @@ def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(
     assert len(pr & production) == 1  # gpt-oss-20b at T=1: once
 
 
-def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_host():
+    """The host's fingerprint is cached per process: a test that fakes the host's arch must leave
+    none of it to the tests after it in the same worker (a record once said ``sm90`` on a CPU)."""
+    from mxmoe.harness.contract import platforms
+
+    platforms.host_fingerprint.cache_clear()
+    yield
+    platforms.host_fingerprint.cache_clear()
+
+
+def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path, monkeypatch, fake_host):
     """On a GPU the sign-off's kernel check is one sweep: the pr profile and the production
     kernels at production shapes, ``--workers auto`` unless told; on a CPU the pr profile alone."""
     import mxmoe.harness.audits.selfcheck as selfcheck
@@ -289,7 +300,9 @@ if "--json" in argv:
 """
 
 
-def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_once(tmp_path, monkeypatch, capsys):
+def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_once(
+    tmp_path, monkeypatch, capsys, fake_host
+):
     """On a GPU the catalogue and the padding audit run beside the kernel check and GPQA beside the
     model check, each in its own process (stand-ins of 3 s each here): every step is in the
     manifest in order, judged on what it wrote since it started, its output printed; the whole
