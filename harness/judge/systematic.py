@@ -245,14 +245,66 @@ def systematic_test(
 
 
 _NORMS: dict[str, float] = {}
-"""Squared spectral norms of dequantized w2 matrices, by a digest of their bytes: a sweep judges
-many backends on one layer, and an SVD of gpt-oss's 2880 x 2880 costs about 0.4 s on an H200 (a
-minute for gpt-oss-120b's 128 experts). They are also kept on disk, by the same digest, under the
-cache (``platforms.cache_dir``): a second sign-off on a machine computes none."""
+"""Squared spectral norms of dequantized w2 matrices (upper bounds: ``norm2_upper_bounds``), by a
+digest of their bytes: a sweep judges many backends on one layer. They are also kept on disk, by
+the same digest, under the cache (``platforms.cache_dir``): a second sign-off on a machine
+computes none."""
 _NORMS_MAX = 1 << 14
 _NORMS_FOLDER = "spectral-norms"
 _SVD_SLACK = 1e-4
 """Relative allowance for the float32 SVD's own error (a few float32 ulps of the norm)."""
+_SQUARINGS = 14
+"""Squarings of the Gram matrix behind a norm computed on a GPU: the bound is at most
+``rank ** (1 / 2 ** (_SQUARINGS + 1))`` times the true squared norm (1 + 2.4e-4 at rank 2880)."""
+_POWER_SLACK = 1e-6
+"""Relative allowance for the float64 rounding of those products (about 1e-9 of the result at
+gpt-oss sizes, worst case)."""
+_POWER_BATCH = 8
+"""Matrices squared at once on a GPU (8 x 66 MB at gpt-oss's 2880 x 2880, and two temporaries)."""
+
+
+def norm2_upper_bounds(mats: list[torch.Tensor]) -> list[float]:
+    """Upper bounds of ``||W||_2^2``, one per matrix, tight to a few 1e-4.
+
+    Why two ways. On a CPU, a float32 SVD (rounded up by its own error, ``_SVD_SLACK``) is the
+    cheaper: about 3 s at 2880 x 2880 on two cores. On a GPU the SVD is the slow part of the
+    energy test (0.4 s per matrix on an H200, about a minute for gpt-oss-120b's 128 experts), while
+    a float64 matrix product of that size takes about a millisecond. There the bound comes from
+    the Gram matrix ``G = W^T W`` (or ``W W^T``, the smaller) by repeated squaring:
+    ``||W||_2^2 = lambda_max(G)`` and, for ``k = 2 ** m``, ``lambda_max(G)^k = ||G^k||_2 <= ||G^k||_F
+    <= rank^(1/2) lambda_max(G)^k``, so ``||G^k||_F ** (1 / k)`` is an upper bound at most
+    ``rank ** (1 / 2k)`` times too large. Each square is normalized by its Frobenius norm (no
+    overflow; the logarithms of the norms carry the scale), in float64, and the result is rounded
+    up by ``_POWER_SLACK``. Both are upper bounds of the same quantity, so either keeps the energy
+    test's false-alarm rate; they differ by at most 3e-4 of the norm."""
+    out: list[float] = []
+    cpu = [m for m in mats if m.device.type == "cpu"]
+    if cpu and len(cpu) != len(mats):
+        raise ValueError("norm2_upper_bounds: matrices on more than one device")
+    if cpu:
+        return [(float(torch.linalg.matrix_norm(m.float(), ord=2)) * (1 + _SVD_SLACK)) ** 2 for m in mats]
+    for lo in range(0, len(mats), _POWER_BATCH):
+        out += gram_power_bounds(torch.stack([m.double() for m in mats[lo : lo + _POWER_BATCH]])).tolist()
+    return out
+
+
+def gram_power_bounds(w: torch.Tensor, squarings: int = _SQUARINGS) -> torch.Tensor:
+    """``norm2_upper_bounds``' GPU way for a batch ``[B, m, n]`` of float64 matrices, on their
+    device: ``||G^k||_F ** (1 / k)`` for ``k = 2 ** squarings``, rounded up by ``_POWER_SLACK``."""
+    if w.dtype != torch.float64 or w.dim() != 3:
+        raise ValueError(f"gram_power_bounds: w must be float64 [B, m, n]; got {w.dtype} {tuple(w.shape)}")
+    g = w.mT @ w if w.shape[-1] <= w.shape[-2] else w @ w.mT
+    scale = torch.linalg.matrix_norm(g)  # Frobenius, [B]
+    log_bound = torch.log(scale)
+    b = g / scale.clamp(min=1e-300)[:, None, None]
+    for i in range(1, squarings + 1):
+        b = b @ b
+        c = torch.linalg.matrix_norm(b)
+        b = b / c.clamp(min=1e-300)[:, None, None]
+        log_bound = log_bound + torch.log(c) * 2.0**-i
+    return torch.where(scale > 0, torch.exp(log_bound) * (1 + _POWER_SLACK), torch.zeros_like(scale))
+
+
 _BY_TENSORS: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, int, int, dict[str, dict]]] = {}
 """What is derived from one weights' w2 tensors (per-expert norms, dequantized matrices), by those
 tensors: every backend checked on one case's inputs reuses it (hashing gpt-oss-120b's 128 experts
@@ -284,19 +336,27 @@ def w2_norm2(blocks: torch.Tensor, scales: torch.Tensor, wait: bool = True) -> f
                 return None
             value = _read_norm(path)  # written by the worker that held the lock before
             if value is None:
-                w2 = dequantize_mxfp4(blocks, scales).float()
-                value = (float(torch.linalg.matrix_norm(w2, ord=2)) * (1 + _SVD_SLACK)) ** 2
-                try:  # whole or not at all: another worker may read it at once
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                    tmp.write_text(repr(value), encoding="ascii")
-                    os.replace(tmp, path)
-                except OSError:
-                    pass  # a read-only cache: computed again next time
+                value = norm2_upper_bounds([dequantize_mxfp4(blocks, scales)])[0]
+                _write_norm(path, value)
+    _keep_norm(key, value)
+    return value
+
+
+def _keep_norm(key: str, value: float) -> None:
     if len(_NORMS) >= _NORMS_MAX:
         _NORMS.clear()
     _NORMS[key] = value
-    return value
+
+
+def _write_norm(path: Path, value: float) -> None:
+    """Whole or not at all: another worker may read it at once."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(repr(value), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: computed again next time
 
 
 def _read_norm(path: Path) -> float | None:
@@ -339,12 +399,32 @@ def fill_w2_norms2(weights: MoEWeights, experts: list[int]) -> dict[int, float]:
     workers on the same weights share the SVDs instead of repeating them."""
     norms = w2_norms2(weights)
     later = []
-    for e in experts:
-        if e not in norms:
-            value = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e], wait=False)
+    with contextlib.ExitStack() as locks:
+        mine: list[tuple[int, str, Path]] = []  # computed here, together (a batch on a GPU)
+        for e in experts:
+            if e in norms:
+                continue
+            key = _digest(weights.w2_blocks[e], weights.w2_scales[e])
+            path = cache_dir() / _NORMS_FOLDER / key[:2] / key
+            value = _NORMS.get(key)
             if value is None:
-                later.append(e)
-            else:
+                value = _read_norm(path)
+            if value is None:
+                if not locks.enter_context(_locked(path.with_suffix(".lock"), False)):
+                    later.append(e)  # another process is computing it: waited for at the end
+                    continue
+                value = _read_norm(path)  # written by the one that held the lock before
+            if value is None:
+                mine.append((e, key, path))
+                continue
+            _keep_norm(key, value)
+            norms[e] = value
+        for lo in range(0, len(mine), _POWER_BATCH):  # dequantized a batch at a time (gpt-oss-120b's: 8.5 GB)
+            batch = mine[lo : lo + _POWER_BATCH]
+            mats = [dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]) for e, _, _ in batch]
+            for (e, key, path), value in zip(batch, norm2_upper_bounds(mats), strict=True):
+                _write_norm(path, value)
+                _keep_norm(key, value)
                 norms[e] = value
     for e in later:
         norms[e] = w2_norm2(weights.w2_blocks[e], weights.w2_scales[e])
@@ -422,7 +502,7 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     ``SlotTerms.variance``), ``tr(Sigma^2) <= ||Sigma|| tr Sigma``, and ``||Sigma||`` is at most the
     largest token's ``max_h variance_h / 3`` (its private errors) plus, per slot, ``w^2 ||W2||_2^2
     max_i q_i / 3`` (the activation errors every element of the token shares through W2; spectral
-    norms from a float32 SVD, rounded up by its error: ``w2_norm2``). The test fires when ``|e|``
+    norms bounded from above: ``norm2_upper_bounds``). The test fires when ``|e|``
     exceeds ``sqrt(bound) + |coherent|``; ``ratio`` is ``|e|^2 / tr Sigma``. The model is stronger
     than the projections' (uniform, not only bounded, roundings): a kernel that truncates, or
     rounds stochastically, is not rounding as declared, and this is the test that says so.

@@ -83,6 +83,31 @@ def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
     systematic._NORMS.clear()
 
 
+def test_the_gpu_norm_bound_by_squaring_the_gram_matrix_is_an_upper_bound_and_tight():
+    """``gram_power_bounds`` (the GPU's way, run here on the CPU): never below the exact squared
+    norm, at most ``rank ** (1 / 2 ** (m + 1))`` above it where every singular value is the largest
+    (its worst case), exact to its rounding allowance where the largest stands apart; 0 for a zero
+    matrix."""
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    blocks = torch.randint(0, 256, (3, 96, 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(118, 125, (3, 96, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    w = systematic.dequantize_mxfp4(blocks, scales)  # [3, 96, 64]: the Gram matrix is 64 x 64
+    q, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen, dtype=torch.float64))
+    flat = torch.cat([q * 3.0, torch.zeros(32, 64, dtype=torch.float64)])  # 64 equal singular values
+    batch = torch.stack([*w, flat, torch.zeros(96, 64, dtype=torch.float64)])
+    got = systematic.gram_power_bounds(batch)
+    exact = torch.linalg.matrix_norm(batch, ord=2) ** 2
+    worst = 64 ** (1 / 2 ** (systematic._SQUARINGS + 1)) * (1 + systematic._POWER_SLACK)
+    assert bool((got >= exact).all()) and bool((got <= exact * worst).all()), (got, exact)
+    assert got[-1] == 0 and got[3] > exact[3] * (1 + 1e-5)  # the worst case is reached, and allowed
+    assert bool((got[:3] <= exact[:3] * (1 + 2 * systematic._POWER_SLACK)).all())
+    # both ways bound the same norm, a few 1e-4 apart at most
+    svd = torch.tensor(systematic.norm2_upper_bounds(list(w)), dtype=torch.float64)
+    assert bool(((svd - got[:3]).abs() <= 3e-4 * exact[:3]).all())
+
+
 def test_workers_on_the_same_weights_share_the_svds(tmp_path, monkeypatch):
     """A norm another process is computing (its digest's lock held) is not computed again: that
     expert is left for last and its result waited for, while the others are computed meanwhile."""
