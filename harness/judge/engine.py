@@ -214,7 +214,7 @@ def checksum(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     out = {}
     for name, t in tensors.items():
         data = t.detach().contiguous().cpu()
-        out[name] = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
+        out[name] = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy() if data.numel() else b"").hexdigest()
     return out
 
 
