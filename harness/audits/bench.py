@@ -127,7 +127,7 @@ def bench_check(
     gives a FAIL (the CLI passes the catalogue's); ``on_row`` sees each row as it is made."""
     from mxmoe.harness.judge.engine import STAGES, StageClock
     from mxmoe.harness.run.results import Recorder
-    from mxmoe.harness.run.sweep import _repro_or_note, check_pair
+    from mxmoe.harness.run.sweep import _repro_or_note, check_pair, stage_seconds
 
     sync = torch.cuda.synchronize if arch != "cpu" and torch.cuda.is_available() else (lambda: None)
     recorder = Recorder(directory)
@@ -149,9 +149,7 @@ def bench_check(
             sync()
             oracle_s[case.id] = time.perf_counter() - t0
         oracle = oracle_s.get(case.id) if inputs is not None else None
-        stages = {name: clock.seconds[name] for name in STAGES}
-        stages["other"] = max(0.0, check_s - sum(stages.values()))
-        stages["record"] = record_s
+        stages = dict.fromkeys(STAGES, 0.0) | stage_seconds(clock, check_s, record_s)
         total = check_s + record_s
         rows.append({
             "backend": loaded.backend.declaration.id,

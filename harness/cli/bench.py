@@ -94,7 +94,7 @@ def _cmd_bench_check(args: argparse.Namespace) -> int:
             print(f"{r['backend']} {r['case']}: {r['outcome']} in {r['seconds']:.2f} s", file=sys.stderr, flush=True)
 
         rows = bench_check(pairs, arch, args.results or tmp, diagnose=summarize, on_row=progress)
-    shown = [s for s in (*STAGES, "other", "record") if any(r["stages"][s] >= 0.005 for r in rows)]
+    shown = [s for s in (*STAGES, "other", "reproducer") if any(r["stages"][s] >= 0.005 for r in rows)]
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:.0f}"
@@ -112,7 +112,7 @@ def _cmd_bench_check(args: argparse.Namespace) -> int:
         print(f"\n{len(skipped)} tests skipped (not shown; their time is counted below)")
     total = sum(r["seconds"] for r in rows)
     print(f"\nwhere the {total:.1f} s of {len(rows)} tests went:")
-    spent = {s: sum(r["stages"][s] for r in rows) for s in (*STAGES, "other", "record")}
+    spent = {s: sum(r["stages"][s] for r in rows) for s in (*STAGES, "other", "reproducer")}
     print(format_table(("stage", "seconds", "share"), [(s, f"{v:.1f}", f"{100 * v / total:.0f}%")
                                                        for s, v in spent.items()]))  # fmt: skip
     oracle = sum(r["oracle_seconds"] for r in rows if r["oracle_seconds"])

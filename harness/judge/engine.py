@@ -185,6 +185,12 @@ class Result:
     inputs_modified: list[str] = field(default_factory=list)
     """The inputs the backend wrote into (by name): a caller that shares one case's inputs among
     backends draws them again after such a check."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Where the test's time went, in seconds per stage (``STAGES``, plus what no stage covers and
+    saving a reproducer), for a test checked with a ``StageClock``: a sweep's records then say
+    what its time was spent on, per case and per backend. A case's inputs and oracle, made once
+    for every backend checked on it (``sweep.check_pair``), are charged here to the test that made
+    them and are not in its ``seconds``."""
 
 
 HARNESS_RAISED = "the harness raised (not the backend)"

@@ -149,6 +149,7 @@ class Recorder:
             "metrics": result.metrics.to_dict(),
             "traceback": result.traceback,
             "seconds": result.seconds,
+            "stages": dict(result.stages),
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "host": host_fingerprint(),
             "declaration": declaration_to_dict(loaded.backend.declaration),

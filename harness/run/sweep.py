@@ -119,6 +119,15 @@ def check_pair(
     return result, used
 
 
+def stage_seconds(clock: StageClock, check_s: float, reproducer_s: float) -> dict[str, float]:
+    """A test's time per stage for its record: ``clock``'s stages that took any time, ``other`` (the
+    rest of ``check_s``, the check's wall time) and ``reproducer`` (saving a FAIL's or ERROR's)."""
+    stages = {name: round(v, 4) for name, v in clock.seconds.items() if v > 0}
+    stages["other"] = round(max(0.0, check_s - sum(clock.seconds.values())), 4)
+    stages["reproducer"] = round(reproducer_s, 4)
+    return stages
+
+
 def worker_main(
     conn: Connection, results_dir: str, threads: int, slot: int = 0, diagnose: Diagnose | None = None
 ) -> None:
@@ -155,8 +164,11 @@ def worker_main(
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose)
+        clock, start = StageClock(), time.perf_counter()
+        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
+        saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
+        result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
         conn.send(("done", index, result, None if repro is None else str(repro)))
 
 

@@ -150,6 +150,29 @@ def test_a_backend_that_exits_is_one_error_and_the_sweep_goes_on(sweep):
     assert rec["repro"] and Path(rec["repro"]).is_file() and Path(rec["repro"]).with_suffix(".safetensors").is_file()
 
 
+def test_each_record_of_a_sweep_says_where_its_time_went(sweep):
+    """Every test a worker ran records its time per stage: the stages cover the check's seconds,
+    and a FAIL's reproducer has its own line; a test decided without a worker has none."""
+    from mxmoe.harness.judge.engine import STAGES
+
+    _, records, _ = sweep
+    timed = [r for r in records.values() if r["outcome"] in ("PASS", "FAIL")]
+    assert timed and all(r["stages"] for r in timed)
+    for r in timed:
+        stages = r["stages"]
+        assert set(stages) <= {*STAGES, "other", "reproducer"} and min(stages.values()) >= 0, stages
+        covered = sum(v for k, v in stages.items() if k != "reproducer")
+        # the case's inputs and oracle, made once for every backend on it, are charged to the test
+        # that made them, outside its own seconds
+        shared = stages.get("inputs", 0.0) + stages.get("oracle and bound", 0.0)
+        slack = 0.01 + 0.05 * r["seconds"]
+        assert r["seconds"] - slack <= covered <= r["seconds"] + shared + slack, (r["test_id"], stages, r["seconds"])
+        assert "kernel runs" in stages and "compare" in stages
+    failed = [r for r in timed if r["outcome"] == "FAIL"]
+    assert failed and all(r["stages"]["reproducer"] > 0 for r in failed)
+    assert all(not r["stages"] for r in records.values() if r["outcome"] == "SKIP")
+
+
 def test_a_backend_that_hangs_is_a_timeout_and_the_sweep_goes_on(sweep):
     _, records, _ = sweep
     rec = records[f"hang-fp32-{host_arch()}-tiny-interleaved-t1"]
