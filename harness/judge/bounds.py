@@ -42,6 +42,7 @@ probabilistic one is reported as such.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -154,6 +155,11 @@ class SlotTerms:
     It carries a b13 fault (dropped, doubled, another expert's) to the output, for the bias
     hypotheses of ``harness.judge.systematic``; None without biases."""
 
+    @functools.cached_property
+    def groups(self) -> ExpertSlots:
+        """The slots by expert (``ExpertSlots``), found once for every test that reads them."""
+        return ExpertSlots.of(self.ids)
+
 
 @dataclass(frozen=True)
 class Bounded:
@@ -179,6 +185,57 @@ def oracle_precision(arithmetic: Arithmetic) -> Precision:
     correct kernel rounds exactly as the oracle does."""
     p = arithmetic.precision
     return Precision(activation_input=p.activation_input, mx_rule=p.mx_rule)
+
+
+@dataclass(frozen=True)
+class ExpertSlots:
+    """The routed slots of a layer grouped by expert: for each expert with any (ascending), its
+    token and slot indices, in the order ``torch.nonzero(ids == e, as_tuple=True)`` gives them.
+
+    Why: the bound and the tests after it work expert by expert, and a ``nonzero`` per expert is
+    one host synchronization each; on a GPU, for gpt-oss-120b's 128 experts at a few tokens each,
+    those and the launches around them cost more than the arithmetic they select. Found here with
+    one synchronization, and kept as a padded index for sums over each expert's slots at once."""
+
+    experts: list[int]
+    tokens: list[torch.Tensor]
+    slots: list[torch.Tensor]
+    padded: torch.Tensor
+    """[experts, most slots of one expert]: each expert's flat slot indices (``token * k + slot``),
+    padded with ``ids.numel()`` (an index one past the last: append a zero to read it)."""
+
+    @classmethod
+    def of(cls, ids: torch.Tensor) -> ExpertSlots:
+        """Group ``ids`` ([T, k] expert ids, -1 for a slot routed nowhere)."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # stable: each expert's slots in row-major order
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        pairs = torch.stack([experts.to(torch.int64), counts.to(torch.int64)]).tolist() if flat.numel() else [[], []]
+        routed = [(e, n) for e, n in zip(*pairs, strict=True) if e >= 0]
+        skip = sum(n for e, n in zip(*pairs, strict=True) if e < 0)  # the -1s sort first
+        order = order[skip:]
+        tokens, slots = [], []
+        lo = 0
+        for _, n in routed:
+            idx = order[lo : lo + n]
+            tokens.append(idx // k)
+            slots.append(idx % k)
+            lo += n
+        width = max((n for _, n in routed), default=0)
+        padded = torch.full((len(routed), width), flat.numel(), dtype=torch.int64, device=ids.device)
+        if routed:
+            sizes = torch.tensor([n for _, n in routed], device=ids.device)
+            rank = torch.repeat_interleave(torch.arange(len(routed), device=ids.device), sizes)
+            start = torch.cumsum(sizes, 0) - sizes
+            padded[rank, torch.arange(order.numel(), device=ids.device) - start[rank]] = order
+        return cls([e for e, _ in routed], tokens, slots, padded)
+
+    def sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Per expert, the sum of ``values`` ([..., T, k]) over its slots: [..., experts]."""
+        flat = values.reshape(*values.shape[:-2], -1)
+        flat = torch.cat([flat, torch.zeros_like(flat[..., :1])], dim=-1)
+        return flat[..., self.padded].sum(-1)
 
 
 def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
@@ -218,10 +275,10 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     beta = case.beta if case.activation == "swigluoai" else 0.0
     limit = case.limit if case.activation == "swigluoai" else None
     x_in = round_to(x64, p.activation_input, p.mx_rule)
-    for e in range(w.num_experts):
-        tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
+    groups = ExpertSlots.of(ids)
+    for e, tok, slot in zip(groups.experts, groups.tokens, groups.slots, strict=True):
+        if e >= w.num_experts:
+            raise ValueError(f"routing names expert {e} of a layer of {w.num_experts}")
         we, ew = wts[tok, slot].unsqueeze(1), e_w[tok, slot].unsqueeze(1)
         w1 = dequantize_mxfp4(w.w13_blocks[e], w.w13_scales[e])
         w2 = dequantize_mxfp4(w.w2_blocks[e], w.w2_scales[e])

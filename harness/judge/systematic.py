@@ -124,13 +124,18 @@ class _Best:
         self.z, self.family, self.where = 0.0, "slot", "nothing"
 
     def offer(self, z: torch.Tensor, family: str, where: object) -> None:
+        """``z``'s largest (the first, in row-major order, where several are) if it beats the best so
+        far; ``where(flat index)`` says where it is in words, or gives ``(family, words)``."""
         if z.numel() == 0:
             return
         flat = int(torch.argmax(z))
         value = float(z.reshape(-1)[flat])
         if value > self.z:
             self.z, self.family = value, family
-            self.where = where(flat) if callable(where) else str(where)
+            said = where(flat) if callable(where) else str(where)
+            if isinstance(said, tuple):
+                self.family, said = said
+            self.where = said
 
 
 def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device) -> dict[str, torch.Tensor]:
@@ -146,8 +151,8 @@ def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device
         out["bias2"] = torch.where(routed.unsqueeze(-1), b2[ids.clamp(min=0)] * factor.unsqueeze(-1), 0.0).float()
     if terms.bias13_effect is not None and weights.w13_bias is not None:
         v = torch.zeros(t, k, hidden, dtype=torch.float32, device=device)
-        for e in torch.unique(ids[routed]).tolist():
-            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        groups = terms.groups
+        for e, tok, slot in zip(groups.experts, groups.tokens, groups.slots, strict=True):
             w2 = _w2(weights, e, device)
             d = terms.bias13_effect[tok, slot].double() * factor[tok, slot].unsqueeze(1)
             v[tok, slot] = (d @ w2.T).float()
@@ -189,11 +194,10 @@ def systematic_test(
         proj[name] = [torch.einsum("th,tjh->tj", err, v), torch.einsum("th,tjh->tj", coh, v.abs()),
                       torch.einsum("th,tjh->tj", var, v**2)]  # every source private to its element, as yet  # fmt: skip
     best = _Best()
-    blocks = 0
-    experts = torch.unique(ids[ids >= 0]).tolist()
+    groups = terms.groups
+    experts = groups.experts
     block_z = []
-    for e in experts:
-        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+    for e, tok, slot in zip(experts, groups.tokens, groups.slots, strict=True):
         w2 = _w2(weights, e, err.device)  # [H, I]
         wf2 = terms.weight[tok, slot].unsqueeze(1) ** 2
         q = terms.intermediate_sq[tok, slot].double() * wf2  # [n, I]: this slot's activation errors, weighted
@@ -218,29 +222,36 @@ def systematic_test(
             p_blk += torch.einsum("nbh,nh->bh", f, err[rows])
             c_blk += torch.einsum("nbh,nh->bh", f.abs(), coh[rows])
             s2_blk += torch.einsum("nbh,nh->bh", f**2, var[rows])
-        z = _excess(p_blk, c_blk, s2_blk)
-        blocks += z.numel()
-        block_z.append(
-            (z, e, lambda flat, e=e, nb=nb: f"the contribution of expert {e}'s w2 block (row {flat % hidden}, "
-             f"block {flat // hidden}: columns {BLOCK * (flat // hidden)}..{BLOCK * (flat // hidden) + BLOCK - 1})")
-        )  # fmt: skip
+        z = _excess(p_blk, c_blk, s2_blk).reshape(-1)  # [nb * H]
+        where = torch.argmax(z)  # the first largest, kept on the device: no synchronization per expert
+        block_z.append((z[where], where, z.numel()))
     routed = ids >= 0
     p_slot, c_slot, s2_slot = proj["slot"][0], proj["slot"][1], proj["slot"][2].clamp(min=0.0)
     z_slot = torch.where(routed, _excess(p_slot, c_slot, s2_slot), torch.zeros_like(p_slot))
     flat_ids = ids.reshape(-1)
     best.offer(z_slot, "slot", lambda f: f"expert {int(flat_ids[f])}'s output (token {f // k}, slot {f % k})")
+    # Each expert's sum over its slots, every family at once: [experts, families], offered in the
+    # order expert by expert, family by family (the first largest wins, as one offer each would).
     what = {"slot": "output", "bias2": "w2 bias (b2)", "bias13": "w13 bias (b13, through the activation)"}
     family = {"slot": "expert"}
-    n_expert = 0
-    for e in experts:
-        mask = ids == e
-        for name, (p_, c_, s2_) in proj.items():
-            z = _excess(p_[mask].sum().reshape(1), c_[mask].sum().reshape(1), s2_.clamp(min=0.0)[mask].sum().reshape(1))
-            best.offer(z, family.get(name, name), f"expert {e}'s {what[name]} over its {int(mask.sum())} tokens")
-            n_expert += 1
-    for z, _e, where in block_z:
-        best.offer(z, "block", where)
-    n = int(routed.sum()) + n_expert + blocks
+    names = list(proj)
+    z_expert = torch.stack(
+        [_excess(*groups.sums(torch.stack([p_, c_, s2_.clamp(min=0.0)]))) for p_, c_, s2_ in proj.values()], dim=-1
+    ) if experts else torch.zeros(0, len(names), dtype=torch.float64, device=err.device)  # fmt: skip
+    sizes = [int(tok.numel()) for tok in groups.tokens]
+    best.offer(z_expert, "expert", lambda f: (family.get(names[f % len(names)], names[f % len(names)]),
+               f"expert {experts[f // len(names)]}'s {what[names[f % len(names)]]} over its "
+               f"{sizes[f // len(names)]} tokens"))  # fmt: skip
+    if block_z:
+        at = torch.stack([w for _, w, _ in block_z]).tolist()
+
+        def block_words(i: int) -> str:
+            b, row = divmod(at[i], hidden)
+            return (f"the contribution of expert {experts[i]}'s w2 block (row {row}, block {b}: columns "
+                    f"{BLOCK * b}..{BLOCK * b + BLOCK - 1})")  # fmt: skip
+
+        best.offer(torch.stack([z for z, _, _ in block_z]), "block", block_words)
+    n = int(routed.sum()) + z_expert.numel() + sum(size for _, _, size in block_z)
     return Systematic(z=best.z, threshold=threshold(n, alpha), hypotheses=n, family=best.family, where=best.where)
 
 
@@ -522,10 +533,9 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
         return None
     ids = terms.ids
     shared = torch.zeros(ids.shape[0], dtype=torch.float64, device=err.device)
-    routed = torch.unique(ids[ids >= 0]).tolist()
-    norms = fill_w2_norms2(weights, routed)
-    for e in routed:
-        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+    groups = terms.groups
+    norms = fill_w2_norms2(weights, groups.experts)
+    for e, tok, slot in zip(groups.experts, groups.tokens, groups.slots, strict=True):
         norm2 = norms[e]
         q = terms.intermediate_sq[tok, slot].double().amax(dim=1) * terms.weight[tok, slot] ** 2
         shared.index_add_(0, tok, norm2 * q)
