@@ -76,6 +76,30 @@ ALPHA = 1e-6
 together), under the model of independent, mean-zero rounding errors."""
 _CHUNK = 1 << 24
 """Float64 elements per block-footprint chunk (128 MiB)."""
+_W2_BATCH = 1 << 27
+"""Float64 elements of the experts' dequantized w2 the systematic test holds at once (1 GiB: 16 of
+gpt-oss's 2880 x 2880)."""
+
+
+def _expert_chunks(sizes: list[int], per_slot: int, per_expert: int) -> list[tuple[int, int]]:
+    """Ranges ``[lo, hi)`` of consecutive experts (with ``sizes`` slots each) judged together, each
+    range padded to its most slots: its block footprints (``per_slot`` elements a slot) within
+    ``_CHUNK`` elements, and its w2 (``per_expert`` each) within ``_W2_BATCH``. An expert alone past
+    ``_CHUNK`` takes its slots a chunk at a time instead.
+
+    Why: expert by expert, gpt-oss-120b's 128 experts at a few tokens each cost some 200 small
+    operations each; on a GPU those launches, not the arithmetic, were most of the test's time."""
+    most = max(1, _W2_BATCH // max(1, per_expert))
+    out, lo, width = [], 0, 0
+    for i, n in enumerate(sizes):
+        wider = max(width, n)
+        if i > lo and (i - lo + 1 > most or (i - lo + 1) * wider * per_slot > _CHUNK):
+            out.append((lo, i))
+            lo, wider = i, n
+        width = wider
+    if sizes:
+        out.append((lo, len(sizes)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -196,35 +220,51 @@ def systematic_test(
     best = _Best()
     groups = terms.groups
     experts = groups.experts
-    block_z = []
-    for e, tok, slot in zip(experts, groups.tokens, groups.slots, strict=True):
-        w2 = _w2(weights, e, err.device)  # [H, I]
-        wf2 = terms.weight[tok, slot].unsqueeze(1) ** 2
-        q = terms.intermediate_sq[tok, slot].double() * wf2  # [n, I]: this slot's activation errors, weighted
+    # Experts a batch at a time (``_expert_chunks``), each padded to the batch's most slots; a padded
+    # slot has weight 0, so each of its terms is 0 and it adds nothing anywhere.
+    flat_n = t * k
+    inter = terms.intermediate.reshape(flat_n, -1)
+    inter_sq = terms.intermediate_sq.reshape(flat_n, -1)
+    weight_flat = terms.weight.reshape(-1)
+    nb = inter.shape[1] // BLOCK
+    # each routed slot's change to its token's k projections, summed over the slots at the end
+    change = {name: torch.zeros(flat_n + 1, k, dtype=torch.float64, device=err.device) for name in dirs}
+    sizes = [int(tok.numel()) for tok in groups.tokens]
+    block_max, block_at = [], []
+    for lo_e, hi_e in _expert_chunks(sizes, nb * hidden, hidden * inter.shape[1]):
+        width = max(sizes[lo_e:hi_e])
+        idx = groups.padded[lo_e:hi_e, :width]  # [E, n] flat slot indices; padding is flat_n
+        valid = idx < flat_n
+        at = torch.where(valid, idx, 0)
+        tok = at // k
+        w2 = torch.stack([_w2(weights, e, err.device) for e in experts[lo_e:hi_e]])  # [E, H, I]
+        wt = torch.where(valid, weight_flat[at], 0.0)  # [E, n]
+        q = inter_sq[at].double() * (wt**2).unsqueeze(-1)  # [E, n, I]: each slot's activation errors, weighted
         # those errors reach every element of the token: take their private share back out ...
-        private = q @ (w2**2).T  # [n, H]
+        private = q @ (w2**2).mT  # [E, n, H]
         for name, d in dirs.items():
-            v = d[tok].double()
-            s2 = proj[name][2]
-            s2[tok] -= torch.einsum("nh,njh->nj", private, v**2)
+            v = d[tok].double()  # [E, n, k, H]
             # ... and put them in projected: (W2^T v)_i^2 q_i, for every projection of the token
-            s2[tok] += torch.einsum("nji,ni->nj", (v @ w2) ** 2, q)
-        # block footprints: over this expert's slots, element h along w_j sum_{i in b} a_ji W2[h, i]
-        nb = w2.shape[1] // BLOCK
-        a = (terms.intermediate[tok, slot].double() * terms.weight[tok, slot].unsqueeze(1)).reshape(-1, nb, BLOCK)
-        wb = w2.reshape(hidden, nb, BLOCK)
-        p_blk = torch.zeros(nb, hidden, dtype=torch.float64, device=err.device)
+            change[name][idx] = (torch.einsum("enji,eni->enj", (v @ w2.unsqueeze(1)) ** 2, q)
+                                 - torch.einsum("enh,enjh->enj", private, v**2))  # fmt: skip
+        # block footprints: over each expert's slots, element h along w_j sum_{i in b} a_ji W2[h, i]
+        a = (inter[at].double() * wt.unsqueeze(-1)).reshape(hi_e - lo_e, width, nb, BLOCK)
+        wb = w2.reshape(hi_e - lo_e, hidden, nb, BLOCK)
+        p_blk = torch.zeros(hi_e - lo_e, nb, hidden, dtype=torch.float64, device=err.device)
         c_blk, s2_blk = torch.zeros_like(p_blk), torch.zeros_like(p_blk)
-        step = max(1, _CHUNK // (nb * hidden))
-        for lo in range(0, tok.numel(), step):
-            f = torch.einsum("nbi,hbi->nbh", a[lo : lo + step], wb)  # [n, nb, H]
-            rows = tok[lo : lo + step]
-            p_blk += torch.einsum("nbh,nh->bh", f, err[rows])
-            c_blk += torch.einsum("nbh,nh->bh", f.abs(), coh[rows])
-            s2_blk += torch.einsum("nbh,nh->bh", f**2, var[rows])
-        z = _excess(p_blk, c_blk, s2_blk).reshape(-1)  # [nb * H]
-        where = torch.argmax(z)  # the first largest, kept on the device: no synchronization per expert
-        block_z.append((z[where], where, z.numel()))
+        step = max(1, _CHUNK // ((hi_e - lo_e) * nb * hidden))
+        for lo in range(0, width, step):
+            f = torch.einsum("enbi,ehbi->enbh", a[:, lo : lo + step], wb)  # [E, n, nb, H]
+            rows = tok[:, lo : lo + step]
+            p_blk += torch.einsum("enbh,enh->ebh", f, err[rows])
+            c_blk += torch.einsum("enbh,enh->ebh", f.abs(), coh[rows])
+            s2_blk += torch.einsum("enbh,enh->ebh", f**2, var[rows])
+        z = _excess(p_blk, c_blk, s2_blk).reshape(hi_e - lo_e, -1)  # [E, nb * H]
+        where = torch.argmax(z, dim=1, keepdim=True)  # each expert's first largest, kept on the device
+        block_max.append(z.gather(1, where).squeeze(1))
+        block_at.append(where.squeeze(1))
+    for name in dirs:
+        proj[name][2] = proj[name][2] + change[name][:flat_n].reshape(t, k, k).sum(1)
     routed = ids >= 0
     p_slot, c_slot, s2_slot = proj["slot"][0], proj["slot"][1], proj["slot"][2].clamp(min=0.0)
     z_slot = torch.where(routed, _excess(p_slot, c_slot, s2_slot), torch.zeros_like(p_slot))
@@ -242,16 +282,16 @@ def systematic_test(
     best.offer(z_expert, "expert", lambda f: (family.get(names[f % len(names)], names[f % len(names)]),
                f"expert {experts[f // len(names)]}'s {what[names[f % len(names)]]} over its "
                f"{sizes[f // len(names)]} tokens"))  # fmt: skip
-    if block_z:
-        at = torch.stack([w for _, w, _ in block_z]).tolist()
+    if block_max:
+        at = torch.cat(block_at).tolist()
 
         def block_words(i: int) -> str:
             b, row = divmod(at[i], hidden)
             return (f"the contribution of expert {experts[i]}'s w2 block (row {row}, block {b}: columns "
                     f"{BLOCK * b}..{BLOCK * b + BLOCK - 1})")  # fmt: skip
 
-        best.offer(torch.stack([z for z, _, _ in block_z]), "block", block_words)
-    n = int(routed.sum()) + z_expert.numel() + sum(size for _, _, size in block_z)
+        best.offer(torch.cat(block_max), "block", block_words)
+    n = int(routed.sum()) + z_expert.numel() + len(experts) * nb * hidden
     return Systematic(z=best.z, threshold=threshold(n, alpha), hypotheses=n, family=best.family, where=best.where)
 
 
@@ -532,13 +572,14 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     if trace <= 0:
         return None
     ids = terms.ids
-    shared = torch.zeros(ids.shape[0], dtype=torch.float64, device=err.device)
     groups = terms.groups
     norms = fill_w2_norms2(weights, groups.experts)
-    for e, tok, slot in zip(groups.experts, groups.tokens, groups.slots, strict=True):
-        norm2 = norms[e]
-        q = terms.intermediate_sq[tok, slot].double().amax(dim=1) * terms.weight[tok, slot] ** 2
-        shared.index_add_(0, tok, norm2 * q)
+    by_expert = torch.zeros(max(groups.experts, default=0) + 1, dtype=torch.float64)
+    by_expert[groups.experts] = torch.tensor([norms[e] for e in groups.experts], dtype=torch.float64)
+    routed = ids >= 0
+    # per token, over its slots: w^2 ||W2||^2 max_i q_i (a slot routed nowhere adds 0)
+    q = terms.intermediate_sq.amax(dim=2).double() * terms.weight**2
+    shared = torch.where(routed, by_expert.to(err.device)[ids.clamp(min=0)] * q, 0.0).sum(1)
     lam = float((terms.variance.amax(dim=1) + shared).max()) / 3.0
     t = math.log(1.0 / alpha)
     bound = trace + 2.0 * math.sqrt(lam * trace * t) + 2.0 * lam * t
