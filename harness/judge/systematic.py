@@ -81,27 +81,6 @@ _W2_BATCH = 1 << 27
 gpt-oss's 2880 x 2880)."""
 
 
-def _expert_chunks(sizes: list[int], per_slot: int, per_expert: int) -> list[tuple[int, int]]:
-    """Ranges ``[lo, hi)`` of consecutive experts (with ``sizes`` slots each) judged together, each
-    range padded to its most slots: its block footprints (``per_slot`` elements a slot) within
-    ``_CHUNK`` elements, and its w2 (``per_expert`` each) within ``_W2_BATCH``. An expert alone past
-    ``_CHUNK`` takes its slots a chunk at a time instead.
-
-    Why: expert by expert, gpt-oss-120b's 128 experts at a few tokens each cost some 200 small
-    operations each; on a GPU those launches, not the arithmetic, were most of the test's time."""
-    most = max(1, _W2_BATCH // max(1, per_expert))
-    out, lo, width = [], 0, 0
-    for i, n in enumerate(sizes):
-        wider = max(width, n)
-        if i > lo and (i - lo + 1 > most or (i - lo + 1) * wider * per_slot > _CHUNK):
-            out.append((lo, i))
-            lo, wider = i, n
-        width = wider
-    if sizes:
-        out.append((lo, len(sizes)))
-    return out
-
-
 @dataclass(frozen=True)
 class Systematic:
     """The test's result on one output: the largest z over every hypothesis, the threshold for
@@ -220,7 +199,7 @@ def systematic_test(
     best = _Best()
     groups = terms.groups
     experts = groups.experts
-    # Experts a batch at a time (``_expert_chunks``), each padded to the batch's most slots; a padded
+    # Experts a batch at a time (``ExpertSlots.chunks``), each padded to the batch's most slots; a padded
     # slot has weight 0, so each of its terms is 0 and it adds nothing anywhere.
     flat_n = t * k
     inter = terms.intermediate.reshape(flat_n, -1)
@@ -229,10 +208,9 @@ def systematic_test(
     nb = inter.shape[1] // BLOCK
     # each routed slot's change to its token's k projections, summed over the slots at the end
     change = {name: torch.zeros(flat_n + 1, k, dtype=torch.float64, device=err.device) for name in dirs}
-    sizes = [int(tok.numel()) for tok in groups.tokens]
     block_max, block_at = [], []
-    for lo_e, hi_e in _expert_chunks(sizes, nb * hidden, hidden * inter.shape[1]):
-        width = max(sizes[lo_e:hi_e])
+    for lo_e, hi_e in groups.chunks(nb * hidden, _CHUNK, hidden * inter.shape[1], _W2_BATCH):
+        width = groups.width(lo_e, hi_e)
         idx = groups.padded[lo_e:hi_e, :width]  # [E, n] flat slot indices; padding is flat_n
         valid = idx < flat_n
         at = torch.where(valid, idx, 0)
