@@ -377,6 +377,7 @@ class Sweep:
                                         slot.task = None
                                         if len(slots) > 1 and index not in retried and out_of_memory(result):
                                             retried.add(index)  # beside other workers: again, alone
+                                            _forget_repro(repro)  # the rerun's verdict makes its own
                                             continue
                                         self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
                             except (EOFError, OSError):
@@ -391,6 +392,13 @@ class Sweep:
             for slot in slots:
                 retire(slot)
         return self.verdicts
+
+
+def _forget_repro(repro: str | None) -> None:
+    """Remove a reproducer (its JSON and tensors) of an attempt whose verdict is not recorded."""
+    if repro:
+        for path in (Path(repro), Path(repro).with_suffix(".safetensors")):
+            path.unlink(missing_ok=True)
 
 
 def out_of_memory(result: Result) -> bool:

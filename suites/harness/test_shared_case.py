@@ -254,3 +254,5 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
         # once out of memory beside the other worker, then the check's two runs, alone
         assert sorted(ran) == sorted(cases * 3)
         assert f"check: {len(cases)} test(s) ran out of GPU memory beside other workers" in proc.stderr
+        # the first attempt's reproducer is not left beside a verdict that has none
+        assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
