@@ -62,6 +62,8 @@ _U64 = 2.0**-53
 LAMBDA = 8.0
 """Hoeffding multiplier of the probabilistic bound: an honest element exceeds it with probability
 at most 2 exp(-LAMBDA^2 / 2) = 2.5e-14 under the model of independent rounding errors."""
+_PAD_SLACK = 64
+"""Padded slots a batch of experts may add beyond doubling its slots (tiny experts batch freely)."""
 _BOUND_BATCH = 1 << 28
 """Float64 elements a batch of experts may hold in the bound's pass (2 GiB: their dequantized
 weights and magnitudes, and again their slots' intermediate terms)."""
@@ -245,13 +247,15 @@ class ExpertSlots:
         of a test's time."""
         sizes = [int(t.numel()) for t in self.tokens]
         most = max(1, expert_budget // max(1, per_expert))
-        out, lo, width = [], 0, 0
+        out, lo, width, held = [], 0, 0, 0
         for i, n in enumerate(sizes):
-            wider = max(width, n)
-            if i > lo and (i - lo + 1 > most or (i - lo + 1) * wider * per_slot > slot_budget):
+            wider, count = max(width, n), i - lo + 1
+            # padding at most doubles the work (a hot expert beside cold ones goes alone)
+            wasteful = count * wider > 2 * (held + n) + _PAD_SLACK
+            if i > lo and (count > most or count * wider * per_slot > slot_budget or wasteful):
                 out.append((lo, i))
-                lo, wider = i, n
-            width = wider
+                lo, wider, held = i, n, 0
+            width, held = wider, held + n
         if sizes:
             out.append((lo, len(sizes)))
         return out
