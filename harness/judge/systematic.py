@@ -163,14 +163,14 @@ def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device
     return out
 
 
-def _w2(weights: MoEWeights, e: int, device: torch.device) -> torch.Tensor:
-    """Expert ``e``'s w2 dequantized, float64 on ``device``. Kept in float32 (exact: an E2M1 code
-    times a power of two) per pair of w2 tensors, as the norms are (``_per_tensors``): the backends
-    checked on one case's inputs dequantize each expert once, not once each."""
+def _w2(weights: MoEWeights, e: int, device: torch.device, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Expert ``e``'s w2 dequantized, float64 on ``device`` (or ``dtype``). Kept in float32 (exact:
+    an E2M1 code times a power of two) per pair of w2 tensors, as the norms are (``_per_tensors``):
+    the backends checked on one case's inputs dequantize each expert once, not once each."""
     kept = _per_tensors(weights, "w2")
     if e not in kept:
         kept[e] = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).float()
-    return kept[e].to(device=device, dtype=torch.float64)
+    return kept[e].to(device=device, dtype=dtype)
 
 
 def systematic_test(
@@ -215,7 +215,7 @@ def systematic_test(
         valid = idx < flat_n
         at = torch.where(valid, idx, 0)
         tok = at // k
-        w2 = torch.stack([_w2(weights, e, err.device) for e in experts[lo_e:hi_e]])  # [E, H, I]
+        w2 = torch.stack([_w2(weights, e, err.device, torch.float32) for e in experts[lo_e:hi_e]]).double()  # [E, H, I]
         wt = torch.where(valid, weight_flat[at], 0.0)  # [E, n]
         q = inter_sq[at].double() * (wt**2).unsqueeze(-1)  # [E, n, I]: each slot's activation errors, weighted
         # those errors reach every element of the token: take their private share back out ...
@@ -223,7 +223,9 @@ def systematic_test(
         for name, d in dirs.items():
             v = d[tok].double()  # [E, n, k, H]
             # ... and put them in projected: (W2^T v)_i^2 q_i, for every projection of the token
-            change[name][idx] = (torch.einsum("enji,eni->enj", (v @ w2.unsqueeze(1)) ** 2, q)
+            # (one product per expert over all its slots' k directions: w2 is read once per expert)
+            vw = (v.reshape(v.shape[0], -1, hidden) @ w2).reshape(*v.shape[:3], -1)  # [E, n, k, I]
+            change[name][idx] = (torch.einsum("enji,eni->enj", vw**2, q)
                                  - torch.einsum("enh,enjh->enj", private, v**2))  # fmt: skip
         # block footprints: over each expert's slots, element h along w_j sum_{i in b} a_ji W2[h, i]
         a = (inter[at].double() * wt.unsqueeze(-1)).reshape(hi_e - lo_e, width, nb, BLOCK)
