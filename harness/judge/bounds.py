@@ -205,6 +205,8 @@ class ExpertSlots:
     experts: list[int]
     tokens: list[torch.Tensor]
     slots: list[torch.Tensor]
+    sizes: list[int]
+    """Each expert's number of slots."""
     padded: torch.Tensor
     """[experts, most slots of one expert]: each expert's flat slot indices (``token * k + slot``),
     padded with ``ids.numel()`` (an index one past the last: append a zero to read it)."""
@@ -234,7 +236,7 @@ class ExpertSlots:
             rank = torch.repeat_interleave(torch.arange(len(routed), device=ids.device), sizes)
             start = torch.cumsum(sizes, 0) - sizes
             padded[rank, torch.arange(order.numel(), device=ids.device) - start[rank]] = order
-        return cls([e for e, _ in routed], tokens, slots, padded)
+        return cls([e for e, _ in routed], tokens, slots, [n for _, n in routed], padded)
 
     def chunks(self, per_slot: int, slot_budget: int, per_expert: int, expert_budget: int) -> list[tuple[int, int]]:
         """Ranges ``[lo, hi)`` of consecutive experts to compute together, each padded to its most
@@ -245,7 +247,7 @@ class ExpertSlots:
         Why: expert by expert, gpt-oss-120b's 128 experts at a few tokens each cost a couple of
         hundred small operations each, and on a GPU those launches, not the arithmetic, were most
         of a test's time."""
-        sizes = [int(t.numel()) for t in self.tokens]
+        sizes = self.sizes
         most = max(1, expert_budget // max(1, per_expert))
         out, lo, width, held = [], 0, 0, 0
         for i, n in enumerate(sizes):
@@ -262,7 +264,7 @@ class ExpertSlots:
 
     def width(self, lo: int, hi: int) -> int:
         """The most slots of one expert among experts ``lo`` to ``hi - 1``."""
-        return max(int(t.numel()) for t in self.tokens[lo:hi])
+        return max(self.sizes[lo:hi])
 
     def sums(self, values: torch.Tensor) -> torch.Tensor:
         """Per expert, the sum of ``values`` ([..., T, k]) over its slots: [..., experts]."""

@@ -258,7 +258,7 @@ def systematic_test(
     z_expert = torch.stack(
         [_excess(*groups.sums(torch.stack([p_, c_, s2_.clamp(min=0.0)]))) for p_, c_, s2_ in proj.values()], dim=-1
     ) if experts else torch.zeros(0, len(names), dtype=torch.float64, device=err.device)  # fmt: skip
-    sizes = [int(tok.numel()) for tok in groups.tokens]
+    sizes = groups.sizes
     best.offer(z_expert, "expert", lambda f: (family.get(names[f % len(names)], names[f % len(names)]),
                f"expert {experts[f // len(names)]}'s {what[names[f % len(names)]]} over its "
                f"{sizes[f // len(names)]} tokens"))  # fmt: skip
