@@ -385,6 +385,9 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
         elif g["outcome"] == "UNJUDGED":
             warnings.append({"rule": "gpqa", "backend": g["backend"], "arch": g["arch"],
                              "text": f"{where}: not judged ({g['reason']})"})  # fmt: skip
+        elif g["outcome"] == "SKIP":  # the backend's own gate: no accuracy, never a pass
+            warnings.append({"rule": "gpqa", "backend": g["backend"], "arch": g["arch"],
+                             "text": f"{where}: did not run ({_first_line(g['reason'])})"})  # fmt: skip
 
     # Rule: model checks.
     for m in checks:

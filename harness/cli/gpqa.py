@@ -173,13 +173,14 @@ def _in_process(args: argparse.Namespace, spec: Any, out: Path) -> int:
         try:
             model.use(item, planted)
             lm_eval, recs = run.evaluate(lm, spec)
-            error = None
-        except BackendUnavailable as exc:
-            lm_eval, recs, error = None, None, f"cannot run here: {exc}"
+            error = declined = None
+        except BackendUnavailable as exc:  # its own gate: a SKIP naming why, as in a kernel check
+            lm_eval, recs, error, declined = None, None, None, f"cannot run here: {exc}"
         except Exception:  # one backend's crash never loses the others' results
-            lm_eval, recs, error = None, None, f"raised:\n{traceback.format_exc()}"
+            lm_eval, recs, error, declined = None, None, f"raised:\n{traceback.format_exc()}", None
         summary = run.summarize(spec, label, recs, model=name, bar=bar, baseline=baseline,
                                 seconds=time.perf_counter() - start, forward_seconds=lm.forward_seconds, error=error,
+                                declined=declined,
                                 extra={"arch": arch, "checkpoint": ckpt.where, "route": "in-process"})  # fmt: skip
         path = run.write(out, spec, label, summary, lm_eval, recs)
         print(f"{label}: {summary['outcome']} ({path})", flush=True)

@@ -122,8 +122,8 @@ def _signoff(args: argparse.Namespace) -> int:
         entry: dict[str, object] = {"name": name, "status": "ran", "exit_status": None, "reason": ""}
         before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
         if isinstance(run, Background):
+            entry["beside"] = run.beside
             t0, before, run = run.started, run.before, run.wait
-            entry["beside"] = True
         try:
             rc = run()
             entry["exit_status"] = rc
@@ -189,24 +189,27 @@ def _signoff(args: argparse.Namespace) -> int:
     catalogue = ["mutants", "--profile", "pr", "--json", mutants]
     audit = ["padding", "--json", padding]
     # On a GPU the steps that need nothing from each other run at once, each in a process of its
-    # own: the catalogue and the padding audit beside the kernel check, GPQA beside the model check
-    # (they use a small share of the GPU and of the host's cores). On a CPU every step needs all of
-    # its few cores, and they run one after the other.
+    # own beside the kernel check: the catalogue, the padding audit and GPQA (they use a small share
+    # of the GPU and of the host's cores; GPQA after it was a third of a GPU sign-off's time). GPQA
+    # then runs every backend that loads here: one that declines the tiny GPT-OSS is its SKIP, as in
+    # the kernel check. On a CPU every step needs all of its few cores, and they run one after the
+    # other, GPQA on the backends that ran a kernel case.
     beside = host_arch() != "cpu"
     started: list[Background] = []
     try:
+        gpqa = None
         if beside:
-            started += [Background(catalogue, results, "fault-catalogue", mutants),
-                        Background(audit, results, "padding-audit", padding)]  # fmt: skip
+            kernels = SIGNOFF_STEPS[1]
+            started += [Background(catalogue, results, "fault-catalogue", mutants, beside=kernels),
+                        Background(audit, results, "padding-audit", padding, beside=kernels)]  # fmt: skip
+            if here and _gpqa_missing() is None:
+                started.append(gpqa := Background(_gpqa_argv(results, here), results, "gpqa", beside=kernels))
         step(2, kernel_check)
         step(3, started[0] if beside else (lambda: _run(catalogue)), makes=mutants)
         step(4, started[1] if beside else (lambda: _run(audit)), makes=padding)
         ran, declined = _ran_kernel_cases(results, here, host_arch())
         for ident, why in declined.items():
-            print(f"\nnot through the tiny GPT-OSS: {ident} declined every kernel case here ({why})")
-        gpqa = None
-        if beside and ran and _gpqa_missing() is None:
-            started.append(gpqa := Background(_gpqa_argv(results, ran), results, "gpqa"))
+            print(f"\nnot through the tiny GPT-OSS's model check: {ident} declined every kernel case here ({why})")
         step(5, lambda: _signoff_models(results, ran))  # the tiny GPT-OSS's MoE through each backend that ran here
         step(6, gpqa or (lambda: _signoff_gpqa(results, ran, args.interpreter_gpqa_questions)))
     finally:
@@ -219,9 +222,14 @@ def _signoff(args: argparse.Namespace) -> int:
     _print_not_run(report)
     print_verdict(report, files)
     print(f"sign-off took {time.perf_counter() - start:.0f} s: " + ", ".join(
-        f"{st['name']} {st['seconds']:.0f} s ({st['status']}{', beside the one before' if st.get('beside') else ''})"
+        f"{st['name']} {st['seconds']:.0f} s ({st['status']}{_beside(st)})"
         for st in steps))  # fmt: skip
     return 0 if report["verdict"] == "SHIP" else 1
+
+
+def _beside(step: dict) -> str:
+    """", beside the STEP" for a step that ran beside another, else nothing."""
+    return f", beside the {step['beside']}" if step.get("beside") else ""
 
 
 class Background:
@@ -232,10 +240,13 @@ class Background:
     command: ClassVar[tuple[str, ...]] = (sys.executable, "-m", "mxmoe")
     """What runs ARGV (a test's stand-in replaces it)."""
 
-    def __init__(self, argv: Sequence[str], results: str, name: str, makes: str | None = None) -> None:
+    def __init__(self, argv: Sequence[str], results: str, name: str, makes: str | None = None, *,
+                 beside: str) -> None:  # fmt: skip
         import subprocess
         import time
 
+        self.beside = beside
+        """The step it runs beside (the manifest's ``beside``)."""
         self.started = time.perf_counter()
         self.before = os.path.getmtime(makes) if makes and os.path.exists(makes) else None
         os.makedirs(os.path.join(results, "logs"), exist_ok=True)

@@ -190,12 +190,14 @@ def summarize(
     seconds: float,
     forward_seconds: float | None = None,
     error: str | None = None,
+    declined: str | None = None,
     extra: dict | None = None,
 ) -> dict:
-    """A run's summary: its statistics and verdict (``stats.verdict``)."""
+    """A run's summary: its statistics and verdict (``stats.verdict``; ``declined``: why the
+    backend would not run here, a SKIP)."""
     acc = stats.accuracy(recs) if recs else None
     pair = stats.paired(baseline[1], recs) if recs and baseline is not None else None
-    outcome, reason = stats.verdict(acc, bar, pair, error)
+    outcome, reason = stats.verdict(acc, bar, pair, error, declined=declined)
     answered = sum(1 for r in recs if r["extracted"] != data.NO_ANSWER) if recs else 0
     return {
         **stamp("gpqa"),

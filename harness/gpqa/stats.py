@@ -29,6 +29,8 @@ the whole question set it was set on: a run of a sample (``--limit``) is judged 
 
 * ERROR: the run did not finish (the backend raised, the server died, was unreachable or answered
   with something that is not a chat completion); there is no accuracy.
+* SKIP: the backend declined to run here (its own gate, as a kernel check's SKIP: vLLM's oracle
+  refusing the deployment on this host, for instance); there is no accuracy, and it is never a pass.
 * FAIL: the accuracy is below the threshold of its (model, data, form, effort), as vLLM's CI
   judges (the point estimate, not the interval); or the exact McNemar test against the baseline
   rejects equal accuracy at alpha = 0.05, two-sided (a kernel that changes which questions the
@@ -199,10 +201,12 @@ def power_to_see(drop: float, acc: dict | Accuracy, pair: dict | Paired | None, 
 
 
 def verdict(acc: Accuracy | None, bar: tuple[float, str] | None, pair: Paired | None, error: str | None = None,
-            drop: float = MIN_DROP, power: float = POWER) -> tuple[str, str]:  # fmt: skip
+            drop: float = MIN_DROP, power: float = POWER, declined: str | None = None) -> tuple[str, str]:  # fmt: skip
     """(outcome, reason) by the rule of the module docstring."""
     if error is not None:
         return "ERROR", error
+    if declined is not None:
+        return "SKIP", declined
     if acc is None:
         raise ValueError("a finished run has an accuracy")
     fails, checks = [], []

@@ -98,12 +98,40 @@ def test_portable_triton_is_not_different_from_the_oracle(tmp_path, profile):
     status = main(["gpqa", "--model", "tiny", "--task", TASK, *limit, "--batch", "32", "--baseline", "oracle",
                    "--backend", "portable-triton", "--results", str(tmp_path)])  # fmt: skip
     s = summary(tmp_path, "portable-triton")
-    if s["outcome"] == "ERROR" and "cannot run here" in s["reason"]:
+    if s["outcome"] == "SKIP":  # the backend's own gate (Triton cannot run here), with its reason
         pytest.skip(s["reason"])
     assert status == 0 and not s["paired"]["differs"]
     assert s["paired"]["agreement"] > 0.97 and s["accuracy"]["samples"] == (4 if limit else 200)
     # 4 questions cannot see a 5-point drop: the pr profile's run is UNJUDGED, never PASS
     assert s["outcome"] == ("UNJUDGED" if limit else "PASS"), s["reason"]
+
+
+DECLINES = """
+import dataclasses
+
+from mxmoe.harness.contract.backend import BackendUnavailable
+from mxmoe.kernels.emulation import Emulation
+
+
+class Declines(Emulation):
+    declaration = dataclasses.replace(Emulation.declaration, id="declines-here")
+
+    def convert(self, inputs):
+        raise BackendUnavailable("vLLM's oracle refuses this deployment here")
+"""
+
+
+def test_a_backend_that_declines_to_run_here_is_a_skip_with_its_reason_never_a_verdict(tmp_path):
+    """A backend's own gate (BackendUnavailable, as vLLM's oracle refusing a deployment) is a SKIP
+    naming why, as in a kernel check: no accuracy, not an ERROR that blocks, never a PASS."""
+    path = tmp_path / "declines.py"
+    path.write_text(DECLINES)
+    status = main(["gpqa", "--model", "tiny", "--task", TASK, "--limit", "4", "--backend-file", f"{path}:Declines",
+                   "--backend", "declines-here", "--results", str(tmp_path / "out")])  # fmt: skip
+    s = summary(tmp_path / "out", "declines-here")
+    assert status == 0
+    assert s["outcome"] == "SKIP" and s["accuracy"] is None
+    assert s["reason"] == "cannot run here: vLLM's oracle refuses this deployment here"
 
 
 def test_missing_data_file_fails_clearly_and_writes_nothing(tmp_path, capsys):

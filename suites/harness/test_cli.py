@@ -8,6 +8,7 @@ each test reads its own part of the verdicts."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -326,11 +327,10 @@ if "--json" in argv:
 def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_once(
     tmp_path, monkeypatch, capsys, fake_host
 ):
-    """On a GPU the catalogue and the padding audit run beside the kernel check and GPQA beside the
-    model check, each in its own process (stand-ins of 3 s each here): every step is in the
-    manifest in order, judged on what it wrote since it started, its output printed; the whole
-    takes less than the steps one after the other. A step still running when the sign-off stops
-    is ended."""
+    """On a GPU the catalogue, the padding audit and GPQA run beside the kernel check, each in its
+    own process (stand-ins of 3 s each here): every step is in the manifest in order, with the step
+    it ran beside, judged on what it wrote since it started, its output printed; the whole takes
+    less than the steps one after the other. A step still running when the sign-off stops is ended."""
     import time
 
     import mxmoe.harness.audits.selfcheck as selfcheck
@@ -342,7 +342,15 @@ def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_on
     monkeypatch.setattr(signoff, "_signoff_backends", lambda: ["emulation"])
     monkeypatch.setattr(signoff, "_ran_kernel_cases", lambda results, ids, arch: (ids, {}))
     monkeypatch.setattr(signoff, "_gpqa_missing", lambda: None)
-    monkeypatch.setattr(signoff, "_run", lambda argv: time.sleep(3) or 0)  # the kernel check, in-process
+    results = tmp_path / "r"
+    began_beside = []
+
+    def kernel_check(argv):  # in-process; GPQA has begun beside it by the time it ends
+        time.sleep(3)
+        began_beside.append((results / "logs" / "gpqa.log").exists())
+        return 0
+
+    monkeypatch.setattr(signoff, "_run", kernel_check)
     monkeypatch.setattr(signoff, "_signoff_models", lambda results, here: time.sleep(3) or 0)
     monkeypatch.setattr(signoff.Background, "command", (sys.executable, "-c", FAKE_STEP))
     monkeypatch.setattr(platforms, "host_arch", lambda: "sm90")
@@ -350,7 +358,6 @@ def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_on
 
     monkeypatch.setattr(report, "run_report", lambda *a, **k: ({"verdict": "BLOCKED", "rows": []}, {}))
     monkeypatch.setattr(report, "print_verdict", lambda *a: None)
-    results = tmp_path / "r"
     t0 = time.perf_counter()
     main(["signoff", "--results", str(results)])
     wall = time.perf_counter() - t0
@@ -359,13 +366,16 @@ def test_the_gpu_sign_off_runs_the_steps_that_need_nothing_from_each_other_at_on
     steps = manifest["steps"]
     assert [st["name"] for st in steps] == manifest["planned"]
     assert [st["status"] for st in steps] == ["ran"] * 6, steps
-    assert [bool(st.get("beside")) for st in steps] == [False, False, True, True, False, True]
+    kernels = "kernel check"
+    assert [st.get("beside") for st in steps] == [None, None, kernels, kernels, None, kernels]
+    assert began_beside == [True]
     assert all(st["seconds"] >= 2.9 for st in steps[1:])
     assert wall < 4 * 3 + 1.5  # 15 s of steps after the self-check, in about 6 s of waiting (plus the report)
+    assert re.search(r"GPQA \d+ s \(ran, beside the kernel check\)", out), out
     for name in ("mutants", "padding", "gpqa"):
         assert f"stand-in for {name}" in out
     assert (results / "logs" / "gpqa.log").read_text().startswith("stand-in for gpqa")
-    bg = signoff.Background(["sleeps"], str(tmp_path), "left-running")
+    bg = signoff.Background(["sleeps"], str(tmp_path), "left-running", beside="kernel check")
     assert bg.proc.poll() is None
     bg.stop()
     assert bg.proc.poll() is not None

@@ -436,6 +436,29 @@ def test_an_underpowered_gpqa_pass_is_unjudged(tmp_path):
     assert g["outcome"] == "UNJUDGED" and report["verdict"] == "SHIP"  # reported, never counted as a pass
 
 
+def test_a_gpqa_run_the_backend_declined_is_listed_and_never_a_pass(tmp_path):
+    """A GPT-OSS GPQA SKIP (the backend's own gate: on a GPU the sign-off's GPQA runs every backend
+    that loads, before the kernel check says which decline) is a warning naming why; it neither
+    blocks nor counts as the GPQA evidence of a production kernel."""
+    record_cases(tmp_path / "r", backend("HonestOutside"))
+    spec = gpqa_run.Spec("gpqa_diamond_mc", TINY_DIR / "task-test.csv", limit=8)
+    summary = gpqa_run.summarize(spec, "honest-outside-kernel", None, model="tiny", bar=None, baseline=None,
+                                 seconds=1.0, declined="cannot run here: refused on this host",
+                                 extra={"arch": ARCH})  # fmt: skip
+    assert summary["outcome"] == "SKIP" and summary["reason"] == "cannot run here: refused on this host"
+    gpqa_run.write(tmp_path / "r", spec, "honest-outside-kernel", summary, None, None)
+    report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
+    (g,) = report["gpqa"]
+    assert g["outcome"] == "SKIP" and report["verdict"] == "SHIP"
+    assert any(w["rule"] == "gpqa" and "did not run (cannot run here: refused on this host)" in w["text"]
+               for w in report["warnings"])  # fmt: skip
+    needs_gpqa = policy_file(tmp_path, [], waive=["catalogue", "padding", "model-check"])
+    strict, _ = run_report([str(tmp_path / "r")], tmp_path / "strict", policy=str(needs_gpqa))
+    assert strict["verdict"] != "SHIP"  # where the policy needs GPQA evidence, a SKIP is none
+    assert strict["evidence"]["missing"] == ["GPQA with power"]
+    assert any("honest-outside-kernel SKIP" in r["text"] for r in strict["reasons"])
+
+
 def test_nothing_judged_never_ships(tmp_path):
     record_cases(tmp_path / "r", backend("NeedsVendor"))
     report, _ = run_report([str(tmp_path / "r")], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
