@@ -163,6 +163,8 @@ class FlashInferKernel(VendorKernel):
     _fi: ClassVar[ModuleType | None] = None
     _built: ClassVar[dict[str, object] | None] = None
     """The ``build.json`` of the project-built module in use, if one is (``require_compiled``)."""
+    converts_per_layer = True
+    """The declared conversion alone (``Backend.convert``); ``run`` does the rest: one per layer."""
 
     def check_call(self) -> None:
         """The declared architecture, the fused_moe module, a compiled kernel."""

@@ -167,6 +167,8 @@ class OaiTritonBase(VendorKernel):
     top-k ids and weights are handed over (vLLM's modular path)."""
     pad_hopper_scales = True
     """vLLM's pad of the scale groups to a multiple of 4 on Hopper (False only to show the bug)."""
+    converts_per_layer = True
+    """``convert`` reads the weights, the shard and the architecture: one per layer (``Backend``)."""
     _tk: SimpleNamespace | None = None
 
     def supports(self, case: Case, arch: str) -> str | None:

@@ -108,6 +108,9 @@ class VllmLayer(VendorKernel):
     """FlashInfer's JIT module of the kernel vLLM calls, by architecture (the FlashInfer backends):
     vLLM's call would otherwise start an hour of nvcc where it is not built."""
     flashinfer_build: dict[str, object] | None = None
+    converts_per_layer = True
+    """vLLM's layer is made from the weights and the case's model config, not its tokens, as the
+    engine makes one per layer for every batch: one per layer (``Backend``)."""
 
     base_backend: ClassVar[type | None] = None
     """The project's direct adapter of the same kernel: its shape limits are the kernel's, and hold

@@ -191,6 +191,12 @@ class Backend:
     """The backend's storage steps after row layout and padding (``harness.contract.convert``)."""
     tactic: Tactic | None = None
     """The tactic this instance forces (``with_tactic``); None: the kernel's own pick."""
+    converts_per_layer: ClassVar[bool] = False
+    """True where ``convert`` reads nothing that a case's tokens decide: only ``inputs.weights``,
+    ``inputs.expert_map``, the device and ``inputs.case`` but its ``tokens`` and ``skew``
+    (``Case.conversion_key``). A sweep then converts once per layer and reuses the result for the
+    layer's other cases, which is most of a vLLM layer's time per test. False (the default) for any
+    conversion that reads the activations (static FP8 scales calibrated on ``x``, for instance)."""
 
     def with_tactic(self, name: str) -> None:
         """Force the declared tactic ``name`` on this instance: its declaration becomes

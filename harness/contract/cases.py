@@ -233,6 +233,13 @@ class Case:
         return out
 
     @property
+    def conversion_key(self) -> Case:
+        """The case without what only its tokens and router logits derive from (``tokens``,
+        ``skew``): every case of one layer, shard, routing and activation has the same, and a
+        backend that ``converts_per_layer`` converts the same weights for all of them."""
+        return replace(self, tokens=0, skew="uniform")
+
+    @property
     def layer_key(self) -> str:
         """What the layer's weights derive from: the same for every token count, skew and shard of
         one layer, so that TP and EP shards of a case are slices of one full layer."""

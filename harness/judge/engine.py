@@ -541,6 +541,7 @@ def run_case(
     inputs: CaseInputs | None = None,
     bounded: Bounded | Callable[[torch.Tensor], Bounded] | None = None,
     tied: int = 0,
+    prepared: Callable[[CaseInputs], Any] | None = None,
     diagnose: Diagnose | None = None,
     clock: StageClock | None = None,
 ) -> tuple[Result, CaseInputs | None]:
@@ -551,7 +552,8 @@ def run_case(
     ``tied``) may be passed by a caller that checks many backends of one arithmetic on the same
     inputs. ``diagnose``: a FAIL gets its diagnosis (``Result.diagnosis``)
     from it; the user-facing checks pass one, the fault catalogue does not (it plants the cause).
-    ``clock`` is charged each stage's time (``bench-check``)."""
+    ``prepared(inputs)``, where given, stands for ``backend.convert(inputs)`` (a sweep's weights
+    converted once per layer). ``clock`` is charged each stage's time (``bench-check``)."""
     check_arch(arch)
     d = backend.declaration
     result = Result(test_id(d.id, arch, case), d.id, arch, case, "SKIP")
@@ -573,7 +575,9 @@ def run_case(
         if inputs is None:
             with timed(clock, "inputs"):
                 inputs = make_inputs(case, device_for(arch))
-        guarded_call(backend, inputs, result, bounded=bounded, tied=tied, diagnose=diagnose, clock=clock)
+        ready = None if prepared is None else (lambda i=inputs: prepared(i))
+        guarded_call(backend, inputs, result, bounded=bounded, tied=tied, prepared=ready, diagnose=diagnose,
+                     clock=clock)  # fmt: skip
         return result, inputs
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.

@@ -94,13 +94,84 @@ class _Shared:
 
 _SHARED = _Shared()
 
+CONVERTED_GPU_GIB = 12
+"""GPU memory a worker keeps converted weights in (``_Converted``): a gpt-oss-120b layer converted
+for one backend is about 1.6 GiB, so an H200 worker keeps the eight production kernels' of one
+layer (``platforms.WORKER_GPU_GIB`` counts it)."""
+
+
+@dataclass
+class _Converted:
+    """Converted weights of the backends that ``converts_per_layer``, kept by a worker across the
+    cases of one layer (``Case.conversion_key``) instead of converted again at each: at gpt-oss
+    shapes a vLLM layer's conversion is most of its test's time, and the weights it converts are
+    the same bytes for every token count. The case that converts is judged with every guard (a
+    kernel that writes into its weights is caught there: the engine compares every input bit for
+    bit), and a backend whose check raised, declined or modified its inputs loses what it kept.
+    Kept within ``budget`` bytes of device memory, measured around each conversion
+    (``torch.cuda.memory_allocated``, hence on CUDA only); one that does not fit evicts the oldest
+    layers' conversions, never its own layer's (every backend of a case converts in the same order
+    at each case: evicting one to keep the next would convert them all at every case)."""
+
+    budget: int = CONVERTED_GPU_GIB << 30
+    kept: dict[tuple[str, Case], tuple[object, int]] = field(default_factory=dict)
+    """(backend spec, conversion key) -> (converted weights, their bytes), oldest first."""
+    meter: Callable[[object], int | None] | None = None
+    """Bytes allocated on a device so far, or None where they cannot be measured (default: CUDA's
+    ``memory_allocated``; a test's stand-in measures a CPU)."""
+
+    def prepared(self, loaded: Loaded, case: Case) -> Callable[[CaseInputs], object] | None:
+        """``run_case``'s ``prepared`` for this backend and case, or None to convert as usual."""
+        if not loaded.backend.converts_per_layer:
+            return None
+        key = (loaded.spec, case.conversion_key)
+
+        def convert(inputs: CaseInputs) -> object:
+            if key in self.kept:
+                return self.kept[key][0]
+            meter = self.meter or _cuda_allocated
+            before = meter(inputs.x.device)
+            ready = loaded.backend.convert(inputs)
+            after = meter(inputs.x.device)
+            if before is not None and after is not None:
+                self._keep(key, ready, max(0, after - before))
+            return ready
+
+        return convert
+
+    def _keep(self, key: tuple[str, Case], ready: object, size: int) -> None:
+        for old in list(self.kept):
+            if sum(b for _, b in self.kept.values()) + size <= self.budget:
+                break
+            if old[1] != key[1]:
+                del self.kept[old]
+        if sum(b for _, b in self.kept.values()) + size <= self.budget:
+            self.kept[key] = (ready, size)
+
+    def drop(self, spec: str) -> None:
+        """Forget what backend ``spec`` kept (its check raised, declined or wrote into its inputs)."""
+        for key in [k for k in self.kept if k[0] == spec]:
+            del self.kept[key]
+
+
+def _cuda_allocated(device: object) -> int | None:
+    import torch
+
+    dev = torch.device(device)
+    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+
+
+_CONVERTED = _Converted()
+
 
 def check_pair(
     loaded: Loaded, case: Case, arch: str, *, diagnose: Diagnose | None = None, clock: StageClock | None = None
 ) -> tuple[Result, CaseInputs | None]:
     """What a worker does with one task: ``run_case``, on the case's inputs and oracle shared with
-    the backends checked on the same case before it (``_Shared``). ``bench-check`` times this same
-    function (``clock``), so that what it measures is what a sweep pays."""
+    the backends checked on the same case before it (``_Shared``) and, for a backend that converts
+    per layer, the weights it converted for an earlier case of the layer (``_Converted``).
+    ``bench-check`` times this same function (``clock``), so that what it measures is what a
+    sweep pays."""
     backend = loaded.backend
     inputs = bounded = None
     tied = 0
@@ -111,11 +182,13 @@ def check_pair(
         _SHARED.clear()
         inputs = bounded = None
         tied = 0
-    result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied, diagnose=diagnose,
-                            clock=clock)  # fmt: skip
+    result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied,
+                            prepared=_CONVERTED.prepared(loaded, case), diagnose=diagnose, clock=clock)  # fmt: skip
     if result.inputs_modified or (used is not None and result.outcome not in ("PASS", "FAIL")):
-        # written into, or left unchecked (the backend raised or declined mid-call): drawn again
+        # written into, or left unchecked (the backend raised or declined mid-call): drawn again,
+        # and converted again
         _SHARED.clear()
+        _CONVERTED.drop(loaded.spec)
     return result, used
 
 
@@ -418,15 +491,28 @@ def by_case(indices: list[int], cases: list[Case], heaviest_first: bool = False)
     """``indices`` (into ``cases``) in groups of one case each, in first-seen order, each group in
     its own order. A worker takes a group whole, so one case's inputs and oracle are computed once
     for all its backends (``check_pair``) also when several workers share the sweep. With
-    ``heaviest_first`` (more than one worker) the costliest cases start first, so that the sweep
-    does not end waiting on one large case that started last (longest-processing-time order; the
-    verdicts do not depend on the order)."""
+    ``heaviest_first`` (more than one worker) the costliest layers start first, and within a layer
+    its costliest cases, so that the sweep does not end waiting on one large case that started
+    last (longest-processing-time order, by layer; the verdicts do not depend on the order)."""
     groups: dict[str, list[int]] = {}
     for i in indices:
         groups.setdefault(cases[i].id, []).append(i)
     out = list(groups.values())
     if heaviest_first:
-        out.sort(key=lambda g: case_cost(cases[g[0]]), reverse=True)  # stable: ties keep their order
+        # layer by layer (the heaviest layer first, each case of it heaviest first), so that a
+        # worker's next case is most often of the layer whose conversions it keeps (``_Converted``)
+        layer_cost: Counter[Case] = Counter()
+        first: dict[Case, int] = {}
+        for n, g in enumerate(out):
+            key = cases[g[0]].conversion_key
+            layer_cost[key] += case_cost(cases[g[0]])
+            first.setdefault(key, n)
+
+        def order(g: list[int]) -> tuple[int, int, int]:
+            key = cases[g[0]].conversion_key
+            return (-layer_cost[key], first[key], -case_cost(cases[g[0]]))
+
+        out.sort(key=order)  # stable: ties keep their order
     return out
 
 

@@ -90,3 +90,27 @@ class OutOfMemoryOnce(TorchMoE):
             open(marker, "w").close()
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.91 GiB (a test's stand-in)")
         super().run(prepared, inputs, out)
+
+
+class ConvertsPerLayer(TorchMoE):
+    """Honest, declaring that its conversion reads only the layer (``converts_per_layer``), and
+    counting its conversions: a sweep may keep them across a layer's cases."""
+
+    declaration = _declare("converts-per-layer", "honest fp32, converting once per layer")
+    converts_per_layer = True
+    conversions = 0
+
+    def convert(self, inputs):
+        type(self).conversions += 1
+        return super().convert(inputs)
+
+
+class WritesWeightsPerLayer(ConvertsPerLayer):
+    """The same, but writes into its input weights on every call (a kernel scribbling on what it
+    was handed): the case that converts must catch it, and the next case convert again."""
+
+    declaration = _declare("writes-weights-per-layer", "adds 1 to w2's first scale byte at each run")
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        inputs.weights.w2_scales.view(-1)[0] += 1

@@ -241,13 +241,13 @@ def test_auto_workers_are_one_per_core_or_as_many_per_gpu_as_memory_and_cores_ho
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 141 * gib))
-    assert platforms.auto_workers("sm90") == 2  # an H200 on 16 cores: 139 GiB free at 48 each
+    assert platforms.auto_workers("sm90") == 2  # an H200 on 16 cores: 139 GiB free at 60 each
     monkeypatch.setattr(platforms.os, "cpu_count", lambda: 4)
     assert platforms.auto_workers("sm90") == 1  # 4 cores: the cores decide
     monkeypatch.setattr(platforms.os, "cpu_count", lambda: 128)
     free[0] = 300 * gib
-    assert platforms.auto_workers("sm90") == 6  # 300 GiB free at 48 each
-    free[0] = 60 * gib
+    assert platforms.auto_workers("sm90") == 5  # 300 GiB free at 60 each
+    free[0] = 100 * gib
     assert platforms.auto_workers("sm90") == 1
     free[0] = 10 * gib  # less than one worker's share: still one
     assert platforms.auto_workers("sm90") == 1

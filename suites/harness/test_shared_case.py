@@ -147,8 +147,9 @@ def test_workers_on_the_same_weights_share_the_svds(tmp_path, monkeypatch):
 
 
 def test_a_case_is_one_workers_and_the_heaviest_start_first(tmp_path, monkeypatch):
-    """``by_case`` groups a sweep's pairs by case (heaviest first with several workers), and a check
-    in two workers runs every backend of a case in the same worker, both workers busy."""
+    """``by_case`` groups a sweep's pairs by case (with several workers the heaviest layer first,
+    its cases together and heaviest first), and a check in two workers runs every backend of a
+    case in the same worker, both workers busy."""
     import subprocess
     import sys
 
@@ -159,8 +160,15 @@ def test_a_case_is_one_workers_and_the_heaviest_start_first(tmp_path, monkeypatc
     groups = by_case(list(range(len(pairs))), pairs)
     assert [[pairs[i].id for i in g] for g in groups] == [[c.id] * 3 for c in cases]
     heavy = by_case(list(range(len(pairs))), pairs, heaviest_first=True)
-    costs = [case_cost(pairs[g[0]]) for g in heavy]
-    assert costs == sorted(costs, reverse=True) and sorted(map(sorted, heavy)) == sorted(map(sorted, groups))
+    assert sorted(map(sorted, heavy)) == sorted(map(sorted, groups))
+    layers = [pairs[g[0]].conversion_key for g in heavy]
+    runs = [k for n, k in enumerate(layers) if n == 0 or k != layers[n - 1]]
+    assert len(runs) == len(set(layers)) >= 2  # each layer's cases one after the other
+    totals = [sum(case_cost(c) for c in cases if c.conversion_key == k) for k in runs]
+    assert totals == sorted(totals, reverse=True)
+    for k in runs:
+        costs = [case_cost(pairs[g[0]]) for g in heavy if pairs[g[0]].conversion_key == k]
+        assert costs == sorted(costs, reverse=True)
     log = tmp_path / "where.txt"
     where = HERE.parent / "faulty_backends.py"
     args = ["check", "--profile", "pr", "-k", "tiny-interleaved", "--backend-file", f"{where}:WhereRan",
@@ -256,3 +264,54 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
         assert f"check: {len(cases)} test(s) ran out of GPU memory beside other workers" in proc.stderr
         # the first attempt's reproducer is not left beside a verdict that has none
         assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
+
+
+def test_a_per_layer_conversion_is_kept_across_the_layers_cases_and_changes_no_verdict(monkeypatch):
+    """A backend that ``converts_per_layer`` converts once for a layer's cases in a worker (here on
+    a CPU, its bytes measured by a stand-in meter), each verdict and number that of the case checked
+    alone; another layer converts again, and a full budget keeps nothing new."""
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.run import sweep
+
+    faulty = load_spec(f"{FAULTY}:ConvertsPerLayer")
+    cls = type(faulty.backend)
+    kept = sweep._Converted(budget=1 << 30, meter=lambda device: 0)
+    monkeypatch.setattr(sweep, "_CONVERTED", kept)
+    layer = [make_case("tiny", t) for t in (1, 8, 33)] + [make_case("tiny", 16, skew="hot")]
+    other = [make_case("tiny", 8, routing="RenormalizeNaive"), make_case("tiny", 8, inputs="trained")]
+    assert len({c.conversion_key for c in layer}) == 1 and len({c.conversion_key for c in layer + other}) == 3
+    _SHARED.clear()
+    cls.conversions = 0
+    for case in layer + other:
+        result, _ = check_pair(faulty, case, ARCH)
+        alone, _ = run_case(faulty.backend, case, ARCH)
+        assert result.outcome == alone.outcome == "PASS", result.reason
+        assert vars(result.metrics) == vars(alone.metrics)
+    assert cls.conversions == 3 + len(layer + other)  # 3 layers in the sweep, and every check alone
+    assert len(kept.kept) == 3
+    ticks = iter(range(1 << 20))
+    full = sweep._Converted(budget=0, meter=lambda device: next(ticks))  # each conversion 1 byte: none fits
+    monkeypatch.setattr(sweep, "_CONVERTED", full)
+    cls.conversions = 0
+    for case in layer:
+        check_pair(faulty, case, ARCH)
+    assert cls.conversions == len(layer) and not full.kept
+
+
+def test_a_kept_conversion_of_a_backend_that_writes_into_its_inputs_is_dropped(monkeypatch):
+    """The case that converts catches the write (the inputs are compared bit for bit), and the
+    backend converts again at the next case instead of running on what it kept."""
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.run import sweep
+
+    writes = load_spec(f"{FAULTY}:WritesWeightsPerLayer")
+    cls = type(writes.backend)
+    kept = sweep._Converted(budget=1 << 30, meter=lambda device: 0)
+    monkeypatch.setattr(sweep, "_CONVERTED", kept)
+    _SHARED.clear()
+    cls.conversions = 0
+    for t in (1, 8):
+        result, _ = check_pair(writes, make_case("tiny", t), ARCH)
+        assert result.outcome == "FAIL" and result.inputs_modified == ["w2_scales"], result.reason
+        assert not kept.kept
+    assert cls.conversions == 2
