@@ -34,9 +34,10 @@ _FRACTION = re.compile(r"[-+]?\d+(?:\.\d+(?:e[-+]?\d+)?|e[-+]?\d+)")
 
 def _check(results: Path) -> list[dict]:
     """The pr profile's non-gpt-oss cases through BACKENDS on the CPU (any GPU hidden: the record is
-    of CPU arithmetic, and the inputs a CPU draws are the same on every host)."""
+    of CPU arithmetic, and the inputs a CPU draws are the same on every host), one worker per core
+    (``--workers auto``: 2 on CI, where it takes a few minutes; 16 on a GPU host)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "MXMOE_CACHE": str(results / "cache")}
-    argv = [sys.executable, "-m", "harness", "check", "--profile", "pr", "-x", "gptoss", "--workers", "2",
+    argv = [sys.executable, "-m", "harness", "check", "--profile", "pr", "-x", "gptoss", "--workers", "auto",
             "--results", str(results), "--backend-file", FAULTY,
             *(a for b in BACKENDS for a in ("--backend", b))]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=Path(__file__).parents[2], timeout=900)
