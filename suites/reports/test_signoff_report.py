@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -339,61 +340,116 @@ def test_a_manifest_is_read_for_the_steps_it_lacks(tmp_path):
     assert suites["signoff"].get("failures") == str(1 + 4)  # the verdict and the four steps
 
 
-def test_a_sign_off_sent_sigterm_in_its_catalogue_says_so_and_does_not_ship(tmp_path):
-    """The sign-off's own process, its steps made quick and its catalogue endless, gets SIGTERM once the
-    catalogue has begun: it exits 128 + 15 with the manifest naming the interrupted step, and the
-    report on that folder (beside results that would ship) is BLOCKED by it and the steps after."""
-    import signal
-    import subprocess
-    import time
-
-    results = tmp_path / "results"
-    code = f"""
+SIGTERM_CHILD = """
 import sys, time
 import mxmoe.harness.audits.selfcheck as selfcheck
 from mxmoe.harness.cli import signoff
 from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract import platforms
 
+host, results, pids = sys.argv[1:]
+platforms.host_arch = lambda: host
 selfcheck.run_selfcheck = lambda device: []
 signoff._signoff_backends = lambda: []
+# on a GPU the catalogue and the padding audit run beside the kernel check, each its own process
+BESIDE = "import os, sys, time; open(sys.argv[1], 'a').write(str(os.getpid()) + ' '); time.sleep(300)"
+signoff.Background.command = (sys.executable, "-c", BESIDE, pids)
+
 
 def run(argv):
-    if argv[0] == "mutants":
-        print("catalogue begun", flush=True)
+    if argv[0] == ("mutants" if host == "cpu" else "check"):
+        print(f"{argv[0]} begun", flush=True)
         time.sleep(300)
     return 0
 
+
 signoff._run = run
-sys.exit(main(["signoff", "--results", {str(results)!r}]))
+sys.exit(main(["signoff", "--results", results]))
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=HERE.parents[1], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        if "catalogue begun" in line or time.monotonic() > deadline:
+
+
+def _first_line_with(proc, marker: str, timeout: float) -> bool:
+    """Whether ``proc`` printed a line containing ``marker`` within ``timeout`` seconds (its
+    output read in a thread, so that a child that never prints it cannot hang the test)."""
+    import queue
+    import threading
+
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if marker in lines.get(timeout=left):
+                return True
+        except queue.Empty:
             break
+    return False
+
+
+@pytest.mark.parametrize("host", ["cpu", "sm90"])
+def test_a_sign_off_sent_sigterm_mid_step_says_so_and_does_not_ship(tmp_path, host):
+    """The sign-off's own process, its steps made quick and one made endless, gets SIGTERM in it: on
+    a CPU in the catalogue (the steps one after the other), on a GPU in the kernel check (the
+    catalogue and the padding audit beside it, their processes ended with it). It exits 128 + 15
+    with the manifest naming the interrupted step, and the report on that folder (beside results
+    that would ship) is BLOCKED by it and the steps after."""
+    import signal
+    import subprocess
+
+    results, pids = tmp_path / "results", tmp_path / "beside-pids.txt"
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, host, str(results), str(pids)], cwd=HERE.parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    interrupted = "fault catalogue" if host == "cpu" else "kernel check"
+    begun = _first_line_with(proc, "mutants begun" if host == "cpu" else "check begun", 120)
+    for _ in range(300 if host != "cpu" else 0):  # both processes beside it up, before the signal
+        if pids.exists() and len(pids.read_text().split()) == 2:
+            break
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
+    assert begun, err
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "sign-off interrupted by SIGTERM" in err
     manifest = json.loads((results / "signoff-steps.json").read_text())
     assert manifest["planned"] == ["oracle self-check", "kernel check", "fault catalogue", "padding audit",
                                    "model check", "GPQA"]  # fmt: skip
+    ran = [("kernel check", "ran")] if host == "cpu" else []
     assert [(st["name"], st["status"]) for st in manifest["steps"]] == [
-        ("oracle self-check", "ran"), ("kernel check", "ran"), ("fault catalogue", "interrupted")]  # fmt: skip
+        ("oracle self-check", "ran"), *ran, (interrupted, "interrupted")]  # fmt: skip
     assert manifest["steps"][-1]["reason"].startswith("SIGTERM received")
+    if host != "cpu":  # the two steps started beside the kernel check did not outlive the sign-off
+        beside = [int(x) for x in pids.read_text().split()]
+        assert len(beside) == 2
+        for pid in beside:
+            for _ in range(50):
+                if not Path(f"/proc/{pid}").exists() or "zombie" in _proc_state(pid):
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"process {pid} started beside the kernel check outlived the sign-off")
     _green(results, ("emulation", "HonestOutside"))
     report, _ = run_report([str(results)], tmp_path / "out", policy=str(policy_file(tmp_path, [])))
     assert report["verdict"] == "BLOCKED"
     texts = [r["text"] for r in report["reasons"]]
-    assert "'fault catalogue'" in texts[0] and "was interrupted: SIGTERM received" in texts[0]
-    assert [t.split("'")[1] for t in texts[1:]] == ["padding audit", "model check", "GPQA"]
+    assert f"'{interrupted}'" in texts[0] and "was interrupted: SIGTERM received" in texts[0]
+    after = ["padding audit", "model check", "GPQA"] if host == "cpu" else ["fault catalogue", "padding audit",
+                                                                           "model check", "GPQA"]  # fmt: skip
+    assert [t.split("'")[1] for t in texts[1:]] == after
 
 
-def test_the_sign_off_takes_a_backend_that_declined_every_kernel_case_out_of_its_model_check_and_gpqa(tmp_path):
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return "zombie"
+
+
+def test_the_sign_off_takes_a_backend_that_declined_every_kernel_case_out_of_its_model_check(tmp_path):
     """On the H200, vLLM's EMULATION loads but vLLM's oracle refuses its deployment (no amd-quark):
-    its kernel cases SKIP, and its model check and GPQA must not stand as failures of a kernel that
-    never ran. Found there; the sign-off now leaves it out of those steps, naming why."""
+    its kernel cases SKIP, and its model check must not stand as a failure of a kernel that never
+    ran. Found there; the sign-off now leaves it out of that step (and on a CPU, where GPQA comes
+    after the kernel check, out of GPQA too), naming why. On a GPU, GPQA runs beside the kernel
+    check and the backend's own decline there is its GPQA SKIP (suites/gpqa)."""
     from mxmoe.harness.cli.signoff import _ran_kernel_cases
 
     record_cases(tmp_path, backend("emulation"), CASES[:1])
