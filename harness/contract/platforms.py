@@ -83,15 +83,19 @@ def pin_gpu(index: int) -> str | None:
     return f"cuda:{device} ({torch.cuda.get_device_name(device)})"
 
 
-WORKER_GPU_GIB = 60
+CONVERTED_GPU_GIB = 12
+"""GPU memory a check worker keeps converted weights in, across the cases of one layer
+(``sweep._Converted``): a gpt-oss-120b layer converted for one backend is about 1.6 GiB, so an H200
+worker keeps the eight production kernels' of one layer."""
+WORKER_GPU_GIB = 48 + CONVERTED_GPU_GIB
 """GPU memory a check worker is given, for ``auto_workers``. Measured: on one H200 (2026-12-03) a
 sign-off's workers on gpt-oss-120b cases held 29 to 37 GiB each (the drawn layer, its w2
 dequantized in float32 for the systematic test, each backend's converted copy, the float64 oracle
 and bound, the caching allocator's slack). 4 workers beside the fault catalogue ran out of the
 GPU's 139 GiB: tests ERRORed with torch's OutOfMemoryError, and FlashInfer's CUTLASS kernel failed
 3 gpt-oss-120b cases with run-to-run differences (cases it passed on one worker before). 48 GiB
-left a third of headroom over the worst seen; the 12 GiB of converted weights a worker now keeps
-across a layer's cases (``sweep.CONVERTED_GPU_GIB``) come on top. An H200 runs 2 workers."""
+left a third of headroom over the worst seen; the converted weights a worker now keeps across a
+layer's cases (``CONVERTED_GPU_GIB``) come on top. An H200 runs 2 workers."""
 WORKER_CPUS = 4
 """Host cores a GPU check worker is given, for ``auto_workers``: it draws on the GPU but runs its
 backends' Python, its guards and its result on the host, and a worker starved of cores stalls

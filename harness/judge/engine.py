@@ -11,6 +11,7 @@ bound of ``harness.judge.bounds``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import time
@@ -575,7 +576,7 @@ def run_case(
         if inputs is None:
             with timed(clock, "inputs"):
                 inputs = make_inputs(case, device_for(arch))
-        ready = None if prepared is None else (lambda i=inputs: prepared(i))
+        ready = None if prepared is None else functools.partial(prepared, inputs)
         guarded_call(backend, inputs, result, bounded=bounded, tied=tied, prepared=ready, diagnose=diagnose,
                      clock=clock)  # fmt: skip
         return result, inputs

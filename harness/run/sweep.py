@@ -28,7 +28,7 @@ from typing import TextIO
 
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
-from mxmoe.harness.contract.platforms import device_for, host_arch
+from mxmoe.harness.contract.platforms import CONVERTED_GPU_GIB, device_for, host_arch
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
 from mxmoe.harness.run.registry import Loaded, load_spec
@@ -94,12 +94,6 @@ class _Shared:
 
 _SHARED = _Shared()
 
-CONVERTED_GPU_GIB = 12
-"""GPU memory a worker keeps converted weights in (``_Converted``): a gpt-oss-120b layer converted
-for one backend is about 1.6 GiB, so an H200 worker keeps the eight production kernels' of one
-layer (``platforms.WORKER_GPU_GIB`` counts it)."""
-
-
 @dataclass
 class _Converted:
     """Converted weights of the backends that ``converts_per_layer``, kept by a worker across the
@@ -140,12 +134,12 @@ class _Converted:
         return convert
 
     def _keep(self, key: tuple[str, Case], ready: object, size: int) -> None:
-        for old in list(self.kept):
-            if sum(b for _, b in self.kept.values()) + size <= self.budget:
+        held = sum(b for _, b in self.kept.values())
+        for old in [k for k in self.kept if k[1] != key[1]]:  # oldest first, never this layer's
+            if held + size <= self.budget:
                 break
-            if old[1] != key[1]:
-                del self.kept[old]
-        if sum(b for _, b in self.kept.values()) + size <= self.budget:
+            held -= self.kept.pop(old)[1]
+        if held + size <= self.budget:
             self.kept[key] = (ready, size)
 
     def drop(self, spec: str) -> None:
