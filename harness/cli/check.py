@@ -4,6 +4,7 @@ recorded in a results folder with a reproducer for every FAIL and ERROR."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from mxmoe.harness.cli.args import UsageError, discover, host_line
@@ -30,7 +31,9 @@ def select_pairs(
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from mxmoe.harness.contract.platforms import auto_workers, host_arch
+    import torch
+
+    from mxmoe.harness.contract.platforms import auto_workers, gpu_share_gib, host_arch
     from mxmoe.harness.diagnosis.explain import summarize
     from mxmoe.harness.judge.engine import failure_message, test_id
     from mxmoe.harness.run.profiles import production_cases, profile_cases
@@ -60,21 +63,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     recorder = Recorder(args.results)
     workers = auto_workers(arch) if args.workers == "auto" else args.workers
+    share = gpu_share_gib() if arch == host_arch() else None  # None on a CPU
+    gpus = torch.cuda.device_count() if share is not None else 1
     print(f"{host_line('cpu' if host_arch() == 'cpu' else 'cuda')} | arch {arch}")
     print(
-        f"check: {len(pairs)} tests ({what}), {workers} worker(s){' (auto)' if args.workers == 'auto' else ''}, "
-        f"timeout {args.timeout:g} s per case; results in {recorder.path}\n",
+        f"check: {len(pairs)} tests ({what}), {workers} worker(s){' (auto)' if args.workers == 'auto' else ''}"
+        + (f" on {gpus} GPU(s), their cases within {share:.0f} GiB per GPU" if share is not None else "")
+        + f", timeout {args.timeout:g} s per case; results in {recorder.path}\n",
         flush=True,
     )
     progress = Progress(len(pairs))
     sweep = Sweep(
         recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
-        diagnose=summarize,
+        diagnose=summarize, gpu_gib=share, gpus=gpus,
     )  # fmt: skip
     try:
         verdicts = sweep.run(pairs, arch)
     finally:
         progress.close()
+    print(sweep.time_line(), file=sys.stderr, flush=True)
     rows = []
     for loaded in backends:
         mine = [v for v in verdicts if v.loaded is loaded]

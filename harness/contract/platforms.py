@@ -9,8 +9,12 @@ import platform
 import socket
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from mxmoe.harness.contract.cases import Case
 
 
 def cache_dir() -> Path:
@@ -88,35 +92,63 @@ CONVERTED_GPU_GIB = 12
 (``sweep._Converted``): a gpt-oss-120b layer converted for one backend is about 1.6 GiB, so an H200
 worker keeps the eight production kernels' of one layer."""
 WORKER_GPU_GIB = 48 + CONVERTED_GPU_GIB
-"""GPU memory a check worker is given, for ``auto_workers``. Measured: on one H200 (2026-12-03) a
-sign-off's workers on gpt-oss-120b cases held 29 to 37 GiB each (the drawn layer, its w2
-dequantized in float32 for the systematic test, each backend's converted copy, the float64 oracle
-and bound, the caching allocator's slack). 4 workers beside the fault catalogue ran out of the
-GPU's 139 GiB: tests ERRORed with torch's OutOfMemoryError, and FlashInfer's CUTLASS kernel failed
-3 gpt-oss-120b cases with run-to-run differences (cases it passed on one worker before). 48 GiB
-left a third of headroom over the worst seen; the converted weights a worker now keeps across a
-layer's cases (``CONVERTED_GPU_GIB``) come on top. An H200 runs 2 workers."""
+"""GPU memory a check worker is given for a gpt-oss-120b case (the heaviest layer a sign-off
+checks), the unit ``case_gpu_gib`` scales from. Measured: on one H200 (2026-12-03) a sign-off's
+workers on gpt-oss-120b cases held 29 to 37 GiB each (the drawn layer, its w2 dequantized in
+float32 for the systematic test, each backend's converted copy, the float64 oracle and bound, the
+caching allocator's slack). 4 workers each on such a case beside the fault catalogue ran out of
+the GPU's 139 GiB: tests ERRORed with torch's OutOfMemoryError, and FlashInfer's CUTLASS kernel
+failed 3 gpt-oss-120b cases with run-to-run differences (cases it passed on one worker before).
+48 GiB left a third of headroom over the worst seen; the converted weights a worker keeps across a
+layer's cases (``CONVERTED_GPU_GIB``) come on top."""
+GPTOSS120B_WEIGHTS = 128 * 3 * 2880 * 2880
+"""Weight elements of a gpt-oss-120b MoE layer (128 experts, w13 and w2 of 2880 x 2880 each)."""
+DEVICE_SHARE = 0.9
+"""The part of a GPU's free memory (when a sweep starts) its cases may hold at once: the rest is
+for what runs beside a sign-off's kernel check (the fault catalogue, the padding audit, GPQA's
+tiny model) and each worker's CUDA context, which no allocator counts."""
 WORKER_CPUS = 4
 """Host cores a GPU check worker is given, for ``auto_workers``: it draws on the GPU but runs its
-backends' Python, its guards and its result on the host, and a worker starved of cores stalls
-its GPU share."""
+backends' Python, its guards, Triton's compilations and its result on the host, and a worker
+starved of cores stalls its GPU share."""
+
+
+def case_gpu_gib(case: Case) -> float:
+    """Device memory one case's check may hold (GiB), for a sweep's admission of cases onto a GPU:
+    ``WORKER_GPU_GIB`` scaled by the case's weight elements against gpt-oss-120b's, at least 1.
+    Memory at these shapes goes with the weights (their draws, copies, conversions, and the
+    oracle's and the systematic test's batches sized by them); tokens add little. A case larger
+    than a GPU's share runs there alone."""
+    weights = case.experts * 3 * case.hidden * case.intermediate
+    return max(1.0, WORKER_GPU_GIB * weights / GPTOSS120B_WEIGHTS)
+
+
+def gpu_share_gib() -> float | None:
+    """``DEVICE_SHARE`` of the free memory of the fullest visible GPU (GiB), the most a sweep's
+    cases hold at once on each GPU; None without GPUs (a CPU sweep admits by workers alone)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    return DEVICE_SHARE * free / (1 << 30)
 
 
 def auto_workers(arch: str | None = None) -> int:
     """``check --workers auto``: on a CPU one worker per core (each a single-threaded interpreter,
-    mostly); on GPUs, per GPU as many as its free memory holds at ``WORKER_GPU_GIB`` each and the
-    host's cores at ``WORKER_CPUS`` each, at least one (workers are pinned to GPUs round-robin:
-    ``pin_gpu``). Several workers on one GPU keep it busy while each spends most of a test on the
-    host (a test at gpt-oss shapes is milliseconds of kernel and tens to hundreds of host work)."""
+    mostly); on GPUs, per GPU as many as the host's cores hold at ``WORKER_CPUS`` each, at least
+    one (workers are pinned to GPUs round-robin: ``pin_gpu``). Memory does not set the count: the
+    sweep admits a case onto a GPU only while the cases running there fit its share
+    (``case_gpu_gib``), so that 4 workers on an H200 run two gpt-oss-120b cases at once, as 2
+    workers did, and small cases beside them. Several workers on one GPU keep it busy while each
+    spends most of a test on the host (Triton's first compilations, the backends' Python)."""
     import torch
 
     cpus = os.cpu_count() or 1
     if (arch or host_arch()) == "cpu" or not torch.cuda.is_available():
         return cpus
     gpus = torch.cuda.device_count()
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(gpus))
-    per_gpu = min(int(free // (WORKER_GPU_GIB << 30)), cpus // gpus // WORKER_CPUS)
-    return gpus * max(1, per_gpu)
+    return gpus * max(1, cpus // gpus // WORKER_CPUS)
 
 
 def device_for(arch: str) -> str:

@@ -192,6 +192,10 @@ class Result:
     what its time was spent on, per case and per backend. A case's inputs and oracle, made once
     for every backend checked on it (``sweep.check_pair``), are charged here to the test that made
     them and are not in its ``seconds``."""
+    device_peak_gib: float | None = None
+    """The most device memory allocated while the test ran (GiB, torch's allocator on CUDA; None
+    elsewhere), the worker's kept conversions and its case's shared inputs and oracle included:
+    what a sweep's admission of cases onto a GPU (``platforms.case_gpu_gib``) is measured against."""
 
 
 HARNESS_RAISED = "the harness raised (not the backend)"

@@ -150,6 +150,7 @@ class Recorder:
             "traceback": result.traceback,
             "seconds": result.seconds,
             "stages": dict(result.stages),
+            "device_peak_gib": result.device_peak_gib,
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "host": host_fingerprint(),
             "declaration": declaration_to_dict(loaded.backend.declaration),

@@ -28,7 +28,7 @@ from typing import TextIO
 
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
-from mxmoe.harness.contract.platforms import CONVERTED_GPU_GIB, device_for, host_arch
+from mxmoe.harness.contract.platforms import CONVERTED_GPU_GIB, case_gpu_gib, device_for, host_arch
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
 from mxmoe.harness.run.registry import Loaded, load_spec
@@ -93,6 +93,7 @@ class _Shared:
 
 
 _SHARED = _Shared()
+
 
 @dataclass
 class _Converted:
@@ -232,7 +233,11 @@ def worker_main(
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
         clock, start = StageClock(), time.perf_counter()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
+        if torch.cuda.is_available():
+            result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
         saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
         result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
@@ -252,6 +257,14 @@ class _Slot:
     started: float = 0.0
     begun: bool = False
     deadline: float = 0.0
+    gpu: int = 0
+    """The GPU its worker is pinned to (``pin_gpu``: its index modulo their number)."""
+    held: float = 0.0
+    """Device memory (GiB) its case is admitted with (``case_gpu_gib``), while the case lasts."""
+    spawned: float | None = None
+    """When its worker was started, until its first test begins (start-up time)."""
+    waiting: float | None = None
+    """Since when it is idle with cases queued, none of which fits its GPU (held back)."""
 
 
 def _exit_text(code: int | None) -> str:
@@ -316,7 +329,17 @@ class Sweep:
     on_verdict: Callable[[Verdict], None] | None = None
     diagnose: Diagnose | None = None
     """Gives each FAIL its diagnosis (``engine.Diagnose``; the CLI passes the catalogue's)."""
+    gpu_gib: float | None = None
+    """Device memory (GiB) the cases running on one GPU may hold together (``platforms.gpu_share_gib``):
+    a worker takes the first queued case that fits beside its GPU's others
+    (``platforms.case_gpu_gib``), one that fits nowhere runs where its GPU has no other; None (a
+    CPU) admits every case."""
+    gpus: int = 1
+    """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
     verdicts: list[Verdict] = field(default_factory=list)
+    times: Counter[str] = field(default_factory=Counter)
+    """Where the workers' time went, in worker-seconds (``TIMES``), with ``wall`` the sweep's own:
+    the benchmark of the sweep itself beside each test's ``stages``."""
 
     def _finish(self, verdict: Verdict) -> None:
         self.recorder.record(verdict.result, verdict.loaded, verdict.repro)
@@ -346,12 +369,37 @@ class Sweep:
         ctx = multiprocessing.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // max(1, self.workers))
         queue = by_case(pending, [case for _, case in pairs], heaviest_first=self.workers > 1)
-        slots = [_Slot(index=i) for i in range(min(self.workers, len(queue)))]
+        slots = [_Slot(index=i, gpu=i % max(1, self.gpus)) for i in range(min(self.workers, len(queue)))]
+        began = time.monotonic()
+
+        def need(group: list[int]) -> float:
+            return case_gpu_gib(pairs[group[0]][1])
+
+        def admit(slot: _Slot) -> int | None:
+            """Where in the queue the idle ``slot`` takes its next case: the first whose memory fits
+            beside the cases running on its GPU, or the first when none runs there; None to wait."""
+            if self.gpu_gib is None:
+                return 0
+            others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
+            room = self.gpu_gib - sum(s.held for s in others)
+            if not others:
+                return 0
+            return next((n for n, g in enumerate(queue) if need(g) <= room), None)
 
         def next_task(slot: _Slot) -> int | None:
-            """The slot's case goes on where it is; an idle worker takes the next case whole."""
+            """The slot's case goes on where it is; an idle worker takes a queued case whole, the
+            first that fits its GPU's memory (``admit``), or waits for one (None)."""
             if not slot.group and queue:
-                slot.group = queue.pop(0)
+                pick = admit(slot)
+                now = time.monotonic()
+                if pick is None:
+                    slot.waiting = slot.waiting or now
+                    return None
+                if slot.waiting is not None:
+                    self.times["held back"] += now - slot.waiting
+                    slot.waiting = None
+                slot.group = queue.pop(pick)
+                slot.held = need(slot.group) if self.gpu_gib is not None else 0.0
             return slot.group.pop(0) if slot.group else None
 
         def start(slot: _Slot) -> None:
@@ -363,6 +411,7 @@ class Sweep:
             proc.start()
             child_conn.close()  # so that the worker's death shows as EOF here
             slot.process, slot.conn, slot.task = proc, parent_conn, None
+            slot.spawned = time.monotonic()
 
         def stop(slot: _Slot) -> None:
             if slot.process is not None and slot.process.is_alive():
@@ -411,10 +460,12 @@ class Sweep:
                 while queue or any(s.task is not None or s.group for s in slots):
                     for slot in slots:
                         if slot.task is None and (slot.group or queue):
+                            index = next_task(slot)
+                            if index is None:
+                                continue  # no queued case fits beside its GPU's others yet
                             if slot.process is None or not slot.process.is_alive():
                                 stop(slot)
                                 start(slot)
-                            index = next_task(slot)
                             loaded, case = pairs[index]
                             try:
                                 slot.conn.send((index, loaded.spec, case.to_dict(), arch))
@@ -426,6 +477,11 @@ class Sweep:
                             # not the backend's time.
                             slot.task, slot.started, slot.begun = index, time.monotonic(), False
                             slot.deadline = slot.started + self.timeout + STARTUP_GRACE
+                    if not queue:  # nothing left to hold back for
+                        for slot in slots:
+                            if slot.waiting is not None:
+                                self.times["held back"] += time.monotonic() - slot.waiting
+                                slot.waiting = None
                     busy = [s for s in slots if s.task is not None]
                     if not busy:
                         continue
@@ -437,11 +493,16 @@ class Sweep:
                                 while slot.task is not None and slot.conn.poll():
                                     message = slot.conn.recv()
                                     if message[0] == "begin":
-                                        slot.started, slot.begun = time.monotonic(), True
+                                        now = time.monotonic()
+                                        if slot.spawned is not None:
+                                            self.times["start-up"] += now - slot.spawned
+                                            slot.spawned = None
+                                        slot.started, slot.begun = now, True
                                         slot.deadline = slot.started + self.timeout
                                     else:
                                         _, index, result, repro = message
                                         slot.task = None
+                                        self.times["tests"] += time.monotonic() - slot.started
                                         if len(slots) > 1 and index not in retried and out_of_memory(result):
                                             retried.add(index)  # beside other workers: again, alone
                                             _forget_repro(repro)  # the rerun's verdict makes its own
@@ -458,7 +519,25 @@ class Sweep:
         finally:
             for slot in slots:
                 retire(slot)
+            self.times["wall"] += time.monotonic() - began
         return self.verdicts
+
+    def time_line(self) -> str:
+        """Where the sweep's worker time went, one line: its wall time, the workers' seconds in
+        tests (from each test's start to its verdict in the parent), starting up, held back for
+        device memory, and the rest (between tests, or idle at the end with nothing left)."""
+        t = self.times
+        if not t["wall"]:
+            return "check: no test needed a worker"
+        total = t["wall"] * self.workers
+        rest = max(0.0, total - t["tests"] - t["start-up"] - t["held back"])
+        parts = [f"{name} {t[name]:.0f} s ({100 * t[name] / total:.0f}%)" for name in TIMES[1:]]
+        return (f"check: {self.workers} worker(s) x {t['wall']:.0f} s: " + ", ".join(parts)
+                + f", between tests or idle {rest:.0f} s ({100 * rest / total:.0f}%)")  # fmt: skip
+
+
+TIMES = ("wall", "tests", "start-up", "held back")
+"""What ``Sweep.times`` counts: the sweep's wall time, then the workers' seconds in each."""
 
 
 def _forget_repro(repro: str | None) -> None:

@@ -74,6 +74,22 @@ class WhereRanB(WhereRan):
     declaration = _declare("where-ran-b", "honest fp32, noting its worker's pid")
 
 
+class Occupies(TorchMoE):
+    """Honest, and slow: each run sleeps 0.2 s between two lines ``start|end case time pid`` it
+    appends to $MXMOE_TEST_WHERE_RAN, so that a test sees which cases ran at the same time."""
+
+    declaration = _declare("occupies", "honest fp32, 0.2 s per run, noting when")
+
+    def run(self, prepared, inputs, out):
+        path = os.environ["MXMOE_TEST_WHERE_RAN"]
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"start {inputs.case.id} {time.time()} {os.getpid()}\n")
+        time.sleep(0.2)
+        super().run(prepared, inputs, out)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"end {inputs.case.id} {time.time()} {os.getpid()}\n")
+
+
 class OutOfMemoryOnce(TorchMoE):
     """Honest, but raises torch's OutOfMemoryError the first time it meets each case (a marker
     file per case under $MXMOE_TEST_OOM_DIR), as a GPU shared with other workers can; appends

@@ -229,10 +229,15 @@ def test_bad_arguments_name_the_accepted_values(args, message):
     assert message in proc.stderr, proc.stderr
 
 
-def test_auto_workers_are_one_per_core_or_as_many_per_gpu_as_memory_and_cores_hold(monkeypatch):
+def test_auto_workers_are_one_per_core_or_per_gpu_as_many_as_cores_hold_and_memory_admits_cases(monkeypatch):
+    """``--workers auto``: a CPU one per core; GPUs as many each as the cores hold at
+    ``WORKER_CPUS``. Memory then admits cases (``case_gpu_gib`` within ``gpu_share_gib``): a
+    gpt-oss-120b case takes a worker's measured share, so an H200 runs two of them at once as 2
+    workers did, and the small cases beside them."""
     import torch
 
     from mxmoe.harness.contract import platforms
+    from mxmoe.harness.contract.cases import make_case
 
     monkeypatch.setattr(platforms.os, "cpu_count", lambda: 16)
     assert platforms.auto_workers("cpu") == 16
@@ -241,19 +246,21 @@ def test_auto_workers_are_one_per_core_or_as_many_per_gpu_as_memory_and_cores_ho
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 141 * gib))
-    assert platforms.auto_workers("sm90") == 2  # an H200 on 16 cores: 139 GiB free at 60 each
-    monkeypatch.setattr(platforms.os, "cpu_count", lambda: 4)
-    assert platforms.auto_workers("sm90") == 1  # 4 cores: the cores decide
+    assert platforms.auto_workers("sm90") == 4  # an H200 on 16 cores
+    monkeypatch.setattr(platforms.os, "cpu_count", lambda: 3)
+    assert platforms.auto_workers("sm90") == 1  # fewer cores than one worker's: still one
     monkeypatch.setattr(platforms.os, "cpu_count", lambda: 128)
-    free[0] = 300 * gib
-    assert platforms.auto_workers("sm90") == 5  # 300 GiB free at 60 each
-    free[0] = 100 * gib
-    assert platforms.auto_workers("sm90") == 1
-    free[0] = 10 * gib  # less than one worker's share: still one
-    assert platforms.auto_workers("sm90") == 1
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    free[0], free[1] = 300 * gib, 139 * gib
-    assert platforms.auto_workers("sm90") == 4  # per GPU, the fullest GPU deciding
+    assert platforms.auto_workers("sm90") == 32  # 16 per GPU
+    free[1] = 100 * gib
+    assert platforms.gpu_share_gib() == pytest.approx(0.9 * 100)  # the fullest GPU decides
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert platforms.gpu_share_gib() is None and platforms.auto_workers("sm90") == 128
+    share = 0.9 * 139
+    need = {m: platforms.case_gpu_gib(make_case(m, 128)) for m in ("gptoss120b", "gptoss20b", "tiny", "dsv3")}
+    assert need["gptoss120b"] == platforms.WORKER_GPU_GIB and 2 * need["gptoss120b"] <= share
+    assert need["gptoss20b"] == platforms.WORKER_GPU_GIB / 4 and need["tiny"] == 1.0
+    assert need["dsv3"] > share  # runs where its GPU has no other case
 
 
 def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(tmp_path, capsys):

@@ -4,7 +4,12 @@ backends and one faulty one, give the outcomes and metrics recorded in ``recorde
 The record was made by the tree before the judging was vectorized (the systematic test's per-expert
 sums, its search for the largest z). Outcomes, counts and the finding's words must be the same;
 numbers may move by the last bits of a changed summation order, far below anything a threshold
-could notice (relative 1e-6; a CPU's thread count alone moves the last bits of a sum). Where the
+could notice (relative 1e-6; a CPU's thread count alone moves the last bits of a sum). A backend
+that rounds a float32 sum to bf16 (GEMM1's output, the intermediate, an expert's output) is held
+to 2^-8 instead: its own sums, torch's CPU kernels, run in another order on another processor
+(an AMD EPYC's against the recording host's), and one rounding that flips there moves its output,
+hence its energy ratio and effective bits, by about 1e-4 of themselves; the judging is still held
+to 1e-6 by the backends that keep float32. Where the
 systematic test fired, its finding names the same place (expert, row, block); where it did not,
 the largest of many nearly equal z (one row's blocks can agree to 1e-15) may be another of them,
 and only the words are compared. To record
@@ -46,6 +51,7 @@ def _check(results: Path) -> list[dict]:
     return sorted(
         ({"test_id": r["test_id"], "outcome": r["outcome"], "reason": _words(r["reason"]),
           "systematic": _where(r["metrics"].get("systematic", "")),
+          "rounds": any(r["declaration"]["arithmetic"]["precision"].get(k) == "bf16" for k in ROUNDED),
           **{k: r["metrics"].get(k) for k in (*NUMBERS, *COUNTS)}} for r in records),
         key=lambda r: r["test_id"],
     )  # fmt: skip
@@ -62,17 +68,24 @@ def _where(finding: str) -> str:
     return _FRACTION.sub("#", finding) if finding.startswith("error correlates") else _words(finding)
 
 
-def _close(a: float | None, b: float | None) -> bool:
+ROUNDED = ("gemm1_output", "intermediate", "expert_output")
+"""The declared stages whose bf16 rounding of a host-ordered float32 sum moves a backend's output
+from one processor to another (held to 2^-8, not 1e-6)."""
+
+
+def _close(a: float | None, b: float | None, rel: float = 1e-6) -> bool:
     if a is None or b is None:
         return a is b
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b)) + 1e-12
+    return abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-12
 
 
 def test_the_verdicts_and_metrics_are_those_recorded(tmp_path):
     got = _check(tmp_path)
     if os.environ.get("MXMOE_RECORD_VERDICTS") == "1":
+        for g in got:
+            g.pop("rounds")
         RECORD.parent.mkdir(exist_ok=True)
         RECORD.write_text(json.dumps(got, indent=0, sort_keys=True) + "\n", encoding="utf-8")
         pytest.skip(f"recorded {len(got)} verdicts into {RECORD}; nothing compared")
@@ -82,6 +95,7 @@ def test_the_verdicts_and_metrics_are_those_recorded(tmp_path):
     moved = []
     for g, w in zip(got, want, strict=True):
         same = all(g[k] == w[k] for k in ("outcome", "reason", "systematic", *COUNTS))
-        if not same or not all(_close(g[k], w[k]) for k in NUMBERS):
+        rel = 2.0**-8 if g.pop("rounds") else 1e-6
+        if not same or not all(_close(g[k], w[k], rel) for k in NUMBERS):
             moved.append({k: (w[k], g[k]) for k in w if g[k] != w[k]} | {"test_id": w["test_id"]})
     assert not moved, f"{len(moved)} verdicts moved; first: {moved[:3]}"

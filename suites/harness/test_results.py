@@ -22,7 +22,7 @@ FAULTY = Path(__file__).with_name("faulty_backends.py")
 ARCH = host_arch()
 FIELDS = {
     "schema", "test_id", "backend", "backend_spec", "arch", "outcome", "reason", "findings", "case_id", "case",
-    "metrics", "traceback", "seconds", "timestamp", "host", "declaration", "repro", "build",
+    "metrics", "traceback", "seconds", "timestamp", "host", "declaration", "repro", "build", "device_peak_gib",
 }  # fmt: skip
 
 

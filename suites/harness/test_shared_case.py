@@ -315,3 +315,51 @@ def test_a_kept_conversion_of_a_backend_that_writes_into_its_inputs_is_dropped(m
         assert result.outcome == "FAIL" and result.inputs_modified == ["w2_scales"], result.reason
         assert not kept.kept
     assert cls.conversions == 2
+
+
+def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monkeypatch):
+    """A sweep admits a case onto a worker's GPU only while the cases running there fit the GPU's
+    share (``Sweep.gpu_gib``, each case's ``platforms.case_gpu_gib``): two large cases never run
+    at once, a small one runs beside a large one, and one larger than the whole share runs alone.
+    The admission is the parent's, so a CPU shows it with the memory needs stood in."""
+    import os
+
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    log = tmp_path / "when.txt"
+    monkeypatch.setenv("MXMOE_TEST_WHERE_RAN", str(log))
+    occupies = load_spec(f"{FAULTY}:Occupies")
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved")][:6]
+    big, huge = {cases[0].id, cases[1].id}, cases[2].id
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 10.0 if c.id == huge else 3.0 if c.id in big else 1.0)
+    run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
+    verdicts = run.run([(occupies, c) for c in cases], ARCH)
+    assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
+    spans: dict[str, list[float]] = {}
+
+    def read_spans() -> None:
+        """Each case's span, from its first start to its last end line."""
+        spans.clear()
+        for _what, case, when, _pid in (line.split() for line in log.read_text().splitlines()):
+            span = spans.setdefault(case, [math.inf, -math.inf])
+            span[0], span[1] = min(span[0], float(when)), max(span[1], float(when))
+
+    read_spans()
+
+    def overlap(a: str, b: str) -> bool:
+        return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+    ids = [c.id for c in cases]
+    assert not overlap(*big)
+    assert not any(overlap(huge, other) for other in ids if other != huge)
+    assert any(overlap(b, small) for b in big for small in ids[3:])
+    assert run.times["tests"] > 0 and run.times["wall"] > 0 and "held back" in run.time_line()
+    log.write_text("")  # one case at a time: the other two workers are held back while cases wait
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 1.0)
+    alone = sweep.Sweep(Recorder(tmp_path / "alone"), workers=3, gpu_gib=1.0, gpus=1)
+    alone.run([(occupies, c) for c in cases[:3]], ARCH)
+    read_spans()
+    assert not any(overlap(a, b) for a in ids[:3] for b in ids[:3] if a < b)
+    assert alone.times["held back"] > 0.4, alone.time_line()  # a second worker waited for at least one case
+    assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
