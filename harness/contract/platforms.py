@@ -126,8 +126,6 @@ def case_gpu_gib(case: Case) -> float:
 def gpu_share_gib() -> float | None:
     """``DEVICE_SHARE`` of the free memory of the fullest visible GPU (GiB), the most a sweep's
     cases hold at once on each GPU; None without GPUs (a CPU sweep admits by workers alone)."""
-    import torch
-
     if not torch.cuda.is_available():
         return None
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))

@@ -381,23 +381,26 @@ class Sweep:
             if self.gpu_gib is None:
                 return 0
             others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
-            room = self.gpu_gib - sum(s.held for s in others)
             if not others:
                 return 0
+            room = self.gpu_gib - sum(s.held for s in others)
             return next((n for n, g in enumerate(queue) if need(g) <= room), None)
+
+        def stop_waiting(slot: _Slot) -> None:
+            """The slot's wait for memory (if any) ends now: its time is held back."""
+            if slot.waiting is not None:
+                self.times["held back"] += time.monotonic() - slot.waiting
+                slot.waiting = None
 
         def next_task(slot: _Slot) -> int | None:
             """The slot's case goes on where it is; an idle worker takes a queued case whole, the
             first that fits its GPU's memory (``admit``), or waits for one (None)."""
             if not slot.group and queue:
                 pick = admit(slot)
-                now = time.monotonic()
                 if pick is None:
-                    slot.waiting = slot.waiting or now
+                    slot.waiting = slot.waiting or time.monotonic()
                     return None
-                if slot.waiting is not None:
-                    self.times["held back"] += now - slot.waiting
-                    slot.waiting = None
+                stop_waiting(slot)
                 slot.group = queue.pop(pick)
                 slot.held = need(slot.group) if self.gpu_gib is not None else 0.0
             return slot.group.pop(0) if slot.group else None
@@ -479,9 +482,7 @@ class Sweep:
                             slot.deadline = slot.started + self.timeout + STARTUP_GRACE
                     if not queue:  # nothing left to hold back for
                         for slot in slots:
-                            if slot.waiting is not None:
-                                self.times["held back"] += time.monotonic() - slot.waiting
-                                slot.waiting = None
+                            stop_waiting(slot)
                     busy = [s for s in slots if s.task is not None]
                     if not busy:
                         continue
