@@ -19,7 +19,11 @@ Usage: python tools/marlin_nondeterminism.py [--experts 32] [--tokens 4096] [--t
 (vLLM installed; where only the project's carried vLLM runtime is, start it through
 ``python -c "from mxmoe.harness.upstream.vllm_runtime import boot; boot(arch='sm90'); import runpy,
 sys; sys.argv = ['m', *ARGS]; runpy.run_path('tools/marlin_nondeterminism.py', run_name='__main__')"``).
-Written from vLLM 0.33.0's sources; not yet run on a GPU.
+Written from vLLM 0.33.0's sources. Run on an H200 (vLLM 0.33.0's runtime, the project's ops build)
+at the unpadded 2880 first, where Marlin has no tile configuration: step A there showed the
+atomicAdd path placing 16,300 of 17,344 rows elsewhere from call to call (E=32, T=4096) and 309 of
+1,024 (E=128, T=128), each expert's set of rows the same; the small-batch path (E=32, T=128) gave
+identical orders. Steps B to E at the padded sizes have not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -49,11 +53,20 @@ def main() -> None:
     p.add_argument("--experts", type=int, default=32)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--topk", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=2880)
-    p.add_argument("--intermediate", type=int, default=2880)
+    # gpt-oss's 2880 padded as vLLM pads it for Marlin (hidden to 256, intermediate to 128): Marlin
+    # has no tile configuration for a K or N of 2880 ("Invalid thread config").
+    p.add_argument("--hidden", type=int, default=3072, help="a multiple of 256 (default 3072: gpt-oss's 2880 padded)")
+    p.add_argument(
+        "--intermediate", type=int, default=2944, help="a multiple of 128 (default 2944: gpt-oss's 2880 padded)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
+    if a.hidden % 256 or a.intermediate % 128:
+        p.error(
+            f"--hidden must be a multiple of 256 and --intermediate of 128 (vLLM pads to them for Marlin); "
+            f"got {a.hidden} and {a.intermediate}"
+        )
 
     import vllm._custom_ops as ops  # noqa: F401  (registers the ops)
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
@@ -86,18 +99,34 @@ def main() -> None:
         if M * K / E / block < 0.9:
             break
     small = topk_ids.numel() < 1024 and E <= 64
-    print(f"E={E} T={T} topk={K} H={H} I={N}: block_size_m={block}; moe_align_block_size takes its "
-          f"{'small-batch (per-thread counts)' if small else 'atomicAdd'} path")
+    print(
+        f"E={E} T={T} topk={K} H={H} I={N}: block_size_m={block}; moe_align_block_size takes its "
+        f"{'small-batch (per-thread counts)' if small else 'atomicAdd'} path"
+    )
 
     def align() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return moe_align_block_size(topk_ids, block, E, None, ignore_invalid_experts=True)
 
     def gemms(sorted_ids: torch.Tensor, expert_ids: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
         out = _fused_marlin_moe(
-            hidden_states=x, w1=mw13, w2=mw2, bias1=mb13, bias2=mb2, w1_scale=ms13, w2_scale=ms2,
-            topk_weights=topk_w, num_topk=K, quant_type=qtype, apply_router_weight_on_input=False,
-            expert_map=None, block_size_m=block, sorted_token_ids=sorted_ids, expert_ids=expert_ids,
-            num_tokens_post_padded=padded, activation=MoEActivation.SWIGLUOAI, topk_ids=topk_ids,
+            hidden_states=x,
+            w1=mw13,
+            w2=mw2,
+            bias1=mb13,
+            bias2=mb2,
+            w1_scale=ms13,
+            w2_scale=ms2,
+            topk_weights=topk_w,
+            num_topk=K,
+            quant_type=qtype,
+            apply_router_weight_on_input=False,
+            expert_map=None,
+            block_size_m=block,
+            sorted_token_ids=sorted_ids,
+            expert_ids=expert_ids,
+            num_tokens_post_padded=padded,
+            activation=MoEActivation.SWIGLUOAI,
+            topk_ids=topk_ids,
         )
         return out.view(T, K, H).sum(1)
 
@@ -112,20 +141,30 @@ def main() -> None:
         same_ids = torch.equal(s[:n], s0[:n])
         same_sets = torch.equal(canonical(s, e, block, n)[:n], canonical(s0, e0, block, n)[:n])
         moved = int((s[:n] != s0[:n]).sum())
-        print(f"   call {i} against call 0: identical {same_ids}; the same rows per expert {same_sets}; "
-              f"{moved} positions hold another row; expert ids identical {torch.equal(e, e0)}")
+        print(
+            f"   call {i} against call 0: identical {same_ids}; the same rows per expert {same_sets}; "
+            f"{moved} positions hold another row; expert ids identical {torch.equal(e, e0)}"
+        )
     ref = gemms(s0, e0, p0)
-    print("B. one sorted order, run again: "
-          + ", ".join(f"{differ(gemms(s0, e0, p0), ref)} elements differ" for _ in range(a.repeats)))
-    print("C. each call's own order: "
-          + ", ".join(f"{differ(gemms(s, e, p), ref)} elements differ" for s, e, p in runs[1:]))
+    print(
+        "B. one sorted order, run again: "
+        + ", ".join(f"{differ(gemms(s0, e0, p0), ref)} elements differ" for _ in range(a.repeats))
+    )
+    print(
+        "C. each call's own order: "
+        + ", ".join(f"{differ(gemms(s, e, p), ref)} elements differ" for s, e, p in runs[1:])
+    )
     canon = [gemms(canonical(s, e, block, n), e, p) for s, e, p in runs]
-    print("D. every expert's rows in ascending order: "
-          + ", ".join(f"{differ(c, canon[0])} elements differ" for c in canon[1:]))
+    print(
+        "D. every expert's rows in ascending order: "
+        + ", ".join(f"{differ(c, canon[0])} elements differ" for c in canon[1:])
+    )
     end = [fused_marlin_moe(x, mw13, mw2, mb13, mb2, ms13, ms2, topk_w, topk_ids, qtype.id,
                             activation=MoEActivation.SWIGLUOAI) for _ in range(a.repeats)]  # fmt: skip
-    print("E. fused_marlin_moe end to end: "
-          + ", ".join(f"{differ(o, end[0])} of {end[0].numel()} elements differ" for o in end[1:]))
+    print(
+        "E. fused_marlin_moe end to end: "
+        + ", ".join(f"{differ(o, end[0])} of {end[0].numel()} elements differ" for o in end[1:])
+    )
 
 
 if __name__ == "__main__":
