@@ -35,8 +35,8 @@ class Prepared:
 
 class TorchMoE(Backend):
     """A MoE layer in torch at low precision. ``gemm`` is the dtype the GEMMs read (fp32: float32
-    GEMMs; bf16: bf16 GEMMs with fp32 accumulation and a bf16 result); ``split_k`` > 1 sums K in
-    that many float32 partial products, last chunk first."""
+    GEMMs; bf16: bf16 operands with fp32 accumulation, rounded where the declaration says);
+    ``split_k`` > 1 sums K in that many float32 partial products, last chunk first."""
 
     gemm: str = "fp32"
     split_k: int = 1
@@ -85,8 +85,15 @@ class TorchMoE(Backend):
         return gated_activation(h, c.activation, self.declaration.w13_layout, c.alpha, c.beta, c.limit)
 
     def _gemm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """a @ w.T in the declared GEMM dtype, returned as float32."""
+        """a @ w.T on operands in the declared GEMM dtype, accumulated and returned in float32.
+
+        Why float32 out: a bf16 GEMM kernel (a tensor core's, Triton's) accumulates in float32 and
+        rounds once, after its epilogue's bias, where the declaration says. torch's bf16 matmul
+        returns bf16, and adding the bias to that rounds twice: an undeclared rounding that the
+        energy test sees. Products of bf16 values are exact in float32, so this is the same GEMM."""
         a = a.to(w.dtype)
+        if w.dtype == torch.bfloat16:
+            a, w = a.float(), w.float()
         if self.split_k <= 1:
             return (a @ w.T).float()
         parts = [(ac @ wc.T).float() for ac, wc in zip(a.chunk(self.split_k, dim=-1), w.chunk(self.split_k, dim=-1))]

@@ -366,6 +366,11 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         free_g = free_u = None
         if limit:
             free_g, free_u = g <= limit, up.abs() <= limit  # where the clamps pass a change of the bias
+            # Where a clamp binds even at the far end of every admissible error, the clamped value is
+            # the limit itself, exactly: that input's errors reach nothing after it (in both tiers).
+            held_g, held_u = g - e_g >= limit, up.abs() - e_u >= limit
+            e_g, q_g, l_g = (torch.where(held_g, 0.0, v) for v in (e_g, q_g, l_g))
+            e_u, q_u, l_u = (torch.where(held_u, 0.0, v) for v in (e_u, q_u, l_u))
             g, up = torch.clamp(g, max=limit), torch.clamp(up, min=-limit, max=limit)
         s = torch.sigmoid(alpha * g)
         gated = g * s

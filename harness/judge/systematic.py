@@ -485,6 +485,85 @@ def w2_norms2(weights: MoEWeights) -> dict[int, float]:
     return _per_tensors(weights, "norms")
 
 
+_EXACT_NORM_FLOPS = 1 << 33
+"""Multiply-adds one energy test may spend on exact per-token covariance norms (``token_norm_bound``;
+about a second on two CPU cores). At gpt-oss's shapes one token costs more, and there the crude
+bound is already far below the trace."""
+_NORM_BATCH = 1 << 23
+"""Elements of the slots' scaled w2 that one batch of tokens holds (32 MiB in float32)."""
+_F32_SLACK = 2.0**-22
+"""Relative allowance per float32 rounding in ``token_norm_bound`` (twice the unit roundoff)."""
+
+
+def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor) -> tuple[float, float | None]:
+    """An upper bound of ``max_t ||Sigma_t||``, the largest eigenvalue of one token's error covariance
+    (``energy_test``), given ``crude`` [T]: each token's cheap bound (its largest private variance plus,
+    per slot, ``w^2 ||W2||_2^2 max_i q_i``, over 3).
+
+    Why. On small cases the crude bound is several times the true norm (a slot's activation errors are
+    not all at their largest, nor aligned with W2's top singular vector), and the tail's ``2 ||Sigma||
+    t`` term made the threshold 3 to 14 times the prediction. The exact norm of a token's
+    ``Sigma_t = diag(private) + sum_j w_j^2 W2_j diag(q_j) W2_j^T`` (over 3) costs ``k H^2 I`` to form,
+    so tokens are taken largest crude bound first, and the search stops once the next crude bound is
+    below the largest exact norm found (it caps every token after it) or the budget
+    (``_EXACT_NORM_FLOPS``) is spent (then that crude bound stands for the rest). Each exact norm is
+    rounded up for float32 storage of q and the eigensolver's own error.
+
+    Returns that bound and, where every token's covariance was formed (a small case), an upper bound
+    of ``tr(Sigma^2)`` from the same eigenvalues (else None: the caller bounds it by
+    ``||Sigma|| tr Sigma``)."""
+    ids = terms.ids
+    t_all, k = ids.shape
+    hidden, inter = terms.variance.shape[1], terms.intermediate_sq.shape[2]
+    cost = k * hidden * hidden * inter
+    every = t_all * cost <= _EXACT_NORM_FLOPS  # small enough to form every token's: tr(Sigma^2) too
+    order = torch.argsort(crude, descending=True)
+    caps = crude[order].tolist()
+    dev = terms.variance.device
+    experts = sorted({int(e) for e in ids.unique().tolist() if e >= 0})
+    w2 = torch.zeros(max(experts, default=0) + 2, hidden, inter, dtype=torch.float32, device=dev)
+    for e in experts:  # the last row stays zero: slots routed nowhere read it
+        w2[e] = _w2(weights, e, dev, torch.float32)  # exact: an E2M1 code times a power of two
+    per_batch = max(1, min(_NORM_BATCH // max(1, k * hidden * inter), _EXACT_NORM_FLOPS // max(1, cost)))
+    best, squares, lo = 0.0, 0.0, 0
+    while lo < t_all:
+        if not every:
+            if caps[lo] <= best:  # it caps every token after it
+                return best, None
+            if (lo + 1) * cost > _EXACT_NORM_FLOPS:  # the budget is spent: its crude bound stands
+                return caps[lo], None
+        hi = min(t_all, lo + per_batch, max(lo + 1, _EXACT_NORM_FLOPS // cost))
+        tok = order[lo:hi]
+        slot_ids = ids[tok].to(torch.int64)
+        slot_ids = torch.where(slot_ids >= 0, slot_ids, w2.shape[0] - 1)
+        q = terms.intermediate_sq[tok].double() * terms.weight[tok].unsqueeze(-1) ** 2  # [n, k, I]
+        variance = terms.variance[tok].double()
+        # each token scaled by its largest variance, so that float32 holds inputs of any range
+        scale = torch.maximum(q.amax(dim=(1, 2)), variance.amax(dim=1)).clamp(min=1e-300)  # [n]
+        q = (q / scale[:, None, None]).float()
+        a = (w2[slot_ids] * q.sqrt().unsqueeze(2)).permute(0, 2, 1, 3).reshape(len(tok), hidden, k * inter)
+        gram = a @ a.mT  # [n, H, H]: sum over slots of w^2 W2 diag(q) W2^T
+        on_diagonal = (a.double() ** 2).sum(dim=2)  # [n, H]
+        # the private part is each element's variance less what its slots' activation errors put there
+        # (less at most: those are summed from float32 q, each within _F32_SLACK of its own)
+        private = (variance / scale[:, None] - (1 - _F32_SLACK) * on_diagonal).clamp(min=0.0)
+        sigma = torch.diag_embed(private.float()) + gram
+        values = torch.linalg.eigvalsh(sigma).double()  # [n, H], ascending
+        # float32 storage of q, the products' sums (k I terms) and the eigensolver (H): within
+        # 64 (H + k I) float32 ulps of ||Sigma||
+        slack = 64 * (hidden + k * inter) * _F32_SLACK * torch.linalg.matrix_norm(sigma).double()  # [n]
+        values, slack = values * scale[:, None], slack * scale
+        if not bool(torch.isfinite(values).all() and torch.isfinite(slack).all()):
+            return max(best, caps[lo]), None  # out of float range even so: the crude bounds stand
+        tops = ((values[:, -1] + slack) / 3.0).tolist()
+        best = max(best, *(min(v, c) for v, c in zip(tops, caps[lo:hi], strict=True)))
+        squares += float(((values.abs() + slack[:, None]) ** 2).sum()) / 9.0
+        lo = hi
+    if not math.isfinite(squares):
+        return best, None
+    return best, (squares if every else None)
+
+
 @dataclass(frozen=True)
 class Energy:
     """The energy test's result on one output: the error's energy over what the declared
@@ -530,10 +609,12 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
         P(|A x|^2 > tr Sigma + 2 sqrt(tr(Sigma^2) t) + 2 ||Sigma|| t) <= exp(-t),
 
     and ``|e| <= |A x| + |c|``. Here ``tr Sigma = sum(variance) / 3`` (the bound's squared ranges,
-    ``SlotTerms.variance``), ``tr(Sigma^2) <= ||Sigma|| tr Sigma``, and ``||Sigma||`` is at most the
-    largest token's ``max_h variance_h / 3`` (its private errors) plus, per slot, ``w^2 ||W2||_2^2
-    max_i q_i / 3`` (the activation errors every element of the token shares through W2; spectral
-    norms bounded from above: ``norm2_upper_bounds``). The test fires when ``|e|``
+    ``SlotTerms.variance``), ``tr(Sigma^2)`` is summed from each token's eigenvalues where every token's
+    covariance is formed, else at most ``||Sigma|| tr Sigma``, and ``||Sigma||`` is the largest
+    token's: exact where that is cheap, else at most its ``max_h variance_h / 3`` (its private
+    errors) plus, per slot, ``w^2 ||W2||_2^2 max_i q_i / 3`` (the activation errors every element of
+    the token shares through W2; spectral norms bounded from above: ``norm2_upper_bounds``), as
+    ``token_norm_bound`` decides. The test fires when ``|e|``
     exceeds ``sqrt(bound) + |coherent|``; ``ratio`` is ``|e|^2 / tr Sigma``. The model is stronger
     than the projections' (uniform, not only bounded, roundings): a kernel that truncates, or
     rounds stochastically, is not rounding as declared, and this is the test that says so.
@@ -562,9 +643,11 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     # per token, over its slots: w^2 ||W2||^2 max_i q_i (a slot routed nowhere adds 0)
     q = terms.intermediate_sq.amax(dim=2).double() * terms.weight**2
     shared = torch.where(routed, by_expert.to(err.device)[ids.clamp(min=0)] * q, 0.0).sum(1)
-    lam = float((terms.variance.amax(dim=1) + shared).max()) / 3.0
+    lam, squares = token_norm_bound(weights, terms, (terms.variance.amax(dim=1) + shared) / 3.0)
+    if squares is None:
+        squares = lam * trace  # tr(Sigma^2) <= ||Sigma|| tr Sigma
     t = math.log(1.0 / alpha)
-    bound = trace + 2.0 * math.sqrt(lam * trace * t) + 2.0 * lam * t
+    bound = trace + 2.0 * math.sqrt(squares * t) + 2.0 * lam * t
     energy = float((err**2).sum())
     coherent = float(terms.coherent.norm())
     threshold_ratio = (math.sqrt(bound) + coherent) ** 2 / trace
