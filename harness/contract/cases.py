@@ -247,6 +247,11 @@ class Case:
         return f"{self.model}-{_LAYOUT_TOKEN[self.layout]}-{self.inputs}-{shape}-s{self.replica}"
 
     @property
+    def weight_elements(self) -> int:
+        """Weight elements of the full layer: each expert's w13 [2I, H] and w2 [H, I]."""
+        return self.experts * 3 * self.hidden * self.intermediate
+
+    @property
     def tokens_key(self) -> str:
         """What the tokens and router logits derive from: the id without the shard."""
         return replace(self, tp=1, tp_rank=0, ep=1, ep_rank=0).id

@@ -9,12 +9,10 @@ import platform
 import socket
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from mxmoe.harness.contract.cases import Case
+from mxmoe.harness.contract.cases import Case, make_case
 
 
 def cache_dir() -> Path:
@@ -101,8 +99,6 @@ the GPU's 139 GiB: tests ERRORed with torch's OutOfMemoryError, and FlashInfer's
 failed 3 gpt-oss-120b cases with run-to-run differences (cases it passed on one worker before).
 48 GiB left a third of headroom over the worst seen; the converted weights a worker keeps across a
 layer's cases (``CONVERTED_GPU_GIB``) come on top."""
-GPTOSS120B_WEIGHTS = 128 * 3 * 2880 * 2880
-"""Weight elements of a gpt-oss-120b MoE layer (128 experts, w13 and w2 of 2880 x 2880 each)."""
 DEVICE_SHARE = 0.9
 """The part of a GPU's free memory (when a sweep starts) its cases may hold at once: the rest is
 for what runs beside a sign-off's kernel check (the fault catalogue, the padding audit, GPQA's
@@ -119,8 +115,7 @@ def case_gpu_gib(case: Case) -> float:
     Memory at these shapes goes with the weights (their draws, copies, conversions, and the
     oracle's and the systematic test's batches sized by them); tokens add little. A case larger
     than a GPU's share runs there alone."""
-    weights = case.experts * 3 * case.hidden * case.intermediate
-    return max(1.0, WORKER_GPU_GIB * weights / GPTOSS120B_WEIGHTS)
+    return max(1.0, WORKER_GPU_GIB * case.weight_elements / make_case("gptoss120b", 1).weight_elements)
 
 
 def gpu_share_gib() -> float | None:

@@ -46,8 +46,8 @@ class HonestSplitK(TorchMoE):
 
 
 class HonestBf16Gemm(TorchMoE):
-    """bf16 GEMMs with fp32 accumulation, each result rounded once to bf16 (an unfused kernel), pair-swapped
-    rows."""
+    """bf16 GEMMs with fp32 accumulation, each result rounded once to bf16 (an unfused kernel),
+    pair-swapped rows."""
 
     gemm = "bf16"
     declaration = _declare(
