@@ -502,7 +502,7 @@ def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor)
 
     Why. On small cases the crude bound is several times the true norm (a slot's activation errors are
     not all at their largest, nor aligned with W2's top singular vector), and the tail's ``2 ||Sigma||
-    t`` term made the threshold 3 to 14 times the prediction. The exact norm of a token's
+    t`` term made the threshold 3 to 12 times the prediction. The exact norm of a token's
     ``Sigma_t = diag(private) + sum_j w_j^2 W2_j diag(q_j) W2_j^T`` (over 3) costs ``k H^2 I`` to form,
     so tokens are taken largest crude bound first, and the search stops once the next crude bound is
     below the largest exact norm found (it caps every token after it) or the budget
