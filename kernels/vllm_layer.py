@@ -25,7 +25,10 @@ the vLLM release, where it came from and the ops build. vLLM 0.33.0 is the relea
 default; ``MXMOE_VLLM_VERSION`` picks another fetched runtime (0.26.0's layer object is the same).
 
 Scope: one rank without expert parallelism (the engine's EP all-to-all is not run here); a TP
-rank's shard is a layer of its own (its partial sum), as the checks define it.
+rank's shard is a layer of its own (its partial sum), as the checks define it. A routing method
+the installed vLLM's ``RoutingMethodType`` lacks (0.33.0: ``TopKSigmoid``) is declined in
+``convert``, a SKIP naming the release and its members: vLLM cannot configure such a layer, and
+the declarations say what the kernels do, not what one vLLM release can name.
 """
 
 from __future__ import annotations
@@ -62,6 +65,39 @@ MOE_BACKEND_STRINGS = {
     "AITER_MXFP4_FP8": "aiter",
 }
 """vLLM backend -> the ``--moe-backend`` string that reaches it (with the activation key)."""
+VLLM_ROUTING = {
+    "Default": "Default",
+    "Renormalize": "Renormalize",
+    "RenormalizeNaive": "RenormalizeNaive",
+    "DeepSeekV3": "DeepSeekV3",
+    "Llama4": "Llama4",
+    "TopK": "TopK",
+    "SigmoidRenorm": "SigmoidRenorm",
+    "Sigmoid": "Sigmoid",
+    "TopKSigmoid": "TopKSigmoid",
+    "MiniMax2": "MiniMax2",
+}
+"""The harness's routing method (``reference.routing.ROUTING_METHODS``) -> the name of vLLM's
+``RoutingMethodType`` member for it, by name (the enum's integers drift between releases). Named
+explicitly, so that a routing the harness adds is mapped on purpose, and a member a vLLM release
+lacks (0.33.0 has no ``TopKSigmoid``) is a decline naming that release, never a KeyError."""
+
+
+def vllm_routing_method(routing: str, routing_type: Any, version: str) -> Any:
+    """vLLM's ``RoutingMethodType`` member (``routing_type``: the installed vLLM's enum) for the
+    harness's routing method ``routing``. Raises BackendUnavailable (the case is a SKIP naming
+    why) where vLLM ``version`` has no such member: its layer cannot be configured with that
+    routing, so vLLM never runs such a layer, and a crash there says nothing of the kernel."""
+    if routing not in VLLM_ROUTING:
+        raise ValueError(f"routing must be one of {', '.join(VLLM_ROUTING)}; got {routing!r}")
+    name = VLLM_ROUTING[routing]
+    members = routing_type.__members__
+    if name not in members:
+        raise BackendUnavailable(
+            f"vLLM {version}'s RoutingMethodType has no {name} member (it has {', '.join(members)}), so vLLM's "
+            f"layer cannot express routing method {routing}"
+        )
+    return members[name]
 
 
 @dataclass
@@ -194,8 +230,11 @@ class VllmLayer(VendorKernel):
             self.flashinfer_build = require_compiled(self.jit_modules[host_arch()], d.id)
 
     def convert(self, inputs: CaseInputs) -> Prepared:
-        """vLLM's own selection, round-up, weight loading and conversion for this case."""
+        """vLLM's own selection, round-up, weight loading and conversion for this case. A routing
+        method the installed vLLM cannot express is declined first (``vllm_routing_method``)."""
         from vllm.model_executor.layers.fused_moe import config as fcfg
+
+        routing_method = vllm_routing_method(inputs.case.routing, fcfg.RoutingMethodType, self._vllm_version())
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
         from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
         from vllm.model_executor.layers.quantization import mxfp4 as qmx
@@ -219,7 +258,7 @@ class VllmLayer(VendorKernel):
             num_logical_experts=case.experts,
             activation=activation,
             device=inputs.x.device.type,
-            routing_method=fcfg.RoutingMethodType[case.routing],
+            routing_method=routing_method,
             moe_parallel_config=fcfg.FusedMoEParallelConfig.make_no_parallel(),
             in_dtype=torch.bfloat16,
             has_bias=case.bias,
@@ -258,6 +297,13 @@ class VllmLayer(VendorKernel):
                 raise
             raise BackendUnavailable(_refused_without_bias(self.vllm_backend, exc)) from exc
         return Prepared(method, layer, hidden, hp)
+
+    def _vllm_version(self) -> str:
+        """The vLLM release driven: as booted (``load``), else the imported package's own."""
+        booted = getattr(self, "booted", None) or {}
+        if booted.get("vllm"):
+            return str(booted["vllm"])
+        return str(getattr(importlib.import_module("vllm"), "__version__", "(version unknown)"))
 
     def run(self, prepared: Prepared, inputs: CaseInputs, out: torch.Tensor) -> None:
         """vLLM's apply, monolithic (it routes) or modular (the engine's top-k)."""

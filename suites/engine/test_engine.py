@@ -17,7 +17,7 @@ from mxmoe.harness.contract.backend import XFail
 from mxmoe.harness.contract.cases import make_case
 from mxmoe.harness.diagnosis.explain import summarize
 from mxmoe.harness.instruments.honest import HonestFp32
-from mxmoe.harness.judge.engine import failure_message, run_case
+from mxmoe.harness.judge.engine import Metrics, Result, failure_message, judge, poisoned, run_case
 from mxmoe.kernels.emulation import Emulation
 
 CASE = make_case("tiny", 7)
@@ -78,6 +78,22 @@ class FlakyDeclared(Flaky):
     declaration = _declare("flaky-declared", deterministic=False)
 
 
+class WrongSecondRunDeclared(WrongSecondRun):
+    """Declared non-deterministic (as vLLM's Marlin MoE is: rows placed by atomics), and its
+    second run is wrong: being non-deterministic by design must not let a wrong run pass."""
+
+    declaration = _declare("wrong-second-run-declared", deterministic=False)
+
+
+class UnwrittenSecondRun(Flaky):
+    """The second call leaves the last row unwritten (a tile lost to a race)."""
+
+    declaration = _declare("unwritten-second-run", deterministic=False)
+
+    def spoil(self, out):
+        out[-1] = poisoned(out[-1].shape, out.dtype, out.device)
+
+
 class Raises(Emulation):
     declaration = _declare("raises")
 
@@ -128,8 +144,25 @@ def test_input_written_in_place_fails_naming_it(host_arch):
 def test_nondeterminism_fails_a_backend_declared_deterministic(host_arch):
     result, _ = run_case(Flaky(), CASE, host_arch)
     assert result.outcome == "FAIL"
-    assert result.metrics.nondeterministic == 1
-    assert "differ between two runs" in result.reason and "(declared deterministic)" in result.reason
+    m = result.metrics
+    assert m.nondeterministic == 1 and m.second_worst_ratio is not None and m.second_over_bound == 0
+    assert result.reason == (
+        f"1 elements differ between two runs on the same inputs (declared deterministic; each run judged on "
+        f"its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
+    )
+    # and a wrong second run says so beside the non-determinism
+    result, _ = run_case(WrongSecondRun(), CASE, host_arch)
+    assert result.outcome == "FAIL" and result.metrics.over_bound == 0 and result.metrics.second_over_bound > 0
+    assert "(declared deterministic; each run judged on its own" in result.reason
+    assert "; the second of two runs on the same inputs: " in result.reason
+
+
+def test_identical_runs_judge_no_second_run(host_arch):
+    """Where the runs are the same bits the second is the first: nothing more is computed or said."""
+    result, _ = run_case(Emulation(), CASE, host_arch)
+    m = result.metrics
+    assert result.outcome == "PASS" and m.nondeterministic == 0 and result.findings == []
+    assert (m.second_worst_ratio, m.second_over_bound, m.second_nonfinite, m.second_unwritten) == (None, 0, 0, 0)
 
 
 def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong(host_arch):
@@ -140,10 +173,47 @@ def test_a_nondeterministic_failure_is_diagnosed_on_the_run_that_is_wrong(host_a
     assert result.diagnosis.startswith("of the second run (the first is within the bound"), result.diagnosis
 
 
-def test_declared_nondeterminism_passes_with_a_finding(host_arch):
+def test_declared_nondeterminism_passes_with_a_finding_naming_both_runs(host_arch):
     result, _ = run_case(FlakyDeclared(), CASE, host_arch)
     assert result.outcome == "PASS", result.reason
-    assert result.findings == ["1 elements differ between two runs on the same inputs (declared non-deterministic)"]
+    m = result.metrics
+    assert m.second_worst_ratio is not None and m.second_over_bound == 0
+    assert result.findings == [
+        "1 elements differ between two runs on the same inputs (declared non-deterministic; each run judged on "
+        f"its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
+    ]
+
+
+def test_declared_nondeterminism_fails_where_the_second_run_exceeds_the_bound(host_arch):
+    result, _ = run_case(WrongSecondRunDeclared(), CASE, host_arch, diagnose=summarize)
+    m = result.metrics
+    assert result.outcome == "FAIL" and m.over_bound == 0 and m.second_over_bound > 0 and m.second_worst_ratio > 1
+    assert result.reason == (
+        f"the second of two runs on the same inputs: {m.second_over_bound} of {m.elements} elements exceed the "
+        f"error bound (worst {m.second_worst_ratio:.3g}x; {m.second_over_rigorous} beyond the rigorous bound, the "
+        "rest beyond the probabilistic one, which honest arithmetic exceeds with probability < 3e-14 per element)"
+    )
+    assert result.findings[0].endswith(f"{m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)")
+    assert result.diagnosis.startswith("of the second run (the first is within the bound"), result.diagnosis
+
+
+def test_declared_nondeterminism_fails_where_the_second_run_leaves_elements_unwritten(host_arch):
+    result, _ = run_case(UnwrittenSecondRun(), CASE, host_arch)
+    assert result.outcome == "FAIL" and result.metrics.unwritten == 0
+    assert result.metrics.second_unwritten == CASE.hidden
+    assert result.reason.startswith(f"the second of two runs on the same inputs: {CASE.hidden} output elements never "
+                                    "written, "), result.reason  # fmt: skip
+
+
+def test_records_without_the_second_run_fields_still_read_and_judge_as_before():
+    """Results written before the second run was judged lack its fields: they read into Metrics and
+    judge as they did (a declared non-determinism a finding, no second-run problem)."""
+    old = {k: v for k, v in Metrics(elements=8, worst_ratio=0.5, nondeterministic=2).to_dict().items()
+           if not k.startswith("second_")}  # fmt: skip
+    result = Result("t", "flaky-declared", "cpu", CASE, "PASS", metrics=Metrics(**old))
+    judge(FlakyDeclared(), result)
+    assert (result.outcome, result.reason) == ("PASS", "worst error/bound 0.5")
+    assert result.findings == ["2 elements differ between two runs on the same inputs (declared non-deterministic)"]
 
 
 def test_exception_is_an_error_with_the_traceback(host_arch):

@@ -604,3 +604,80 @@ def test_the_vllm_driver_declines_a_biasless_case_that_vllms_conversion_refuses_
         "`assert w13_bias is not None and w2_bias is not None`); GPT-OSS checkpoints always have them, so vLLM "
         "never sends this case"
     )
+
+
+VLLM_0_33_0_ROUTING = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm",
+                       "MiniMax2", "Sigmoid", "Unspecified", "DeepseekV4", "Custom", "Simulated")  # fmt: skip
+"""vLLM 0.33.0's ``RoutingMethodType`` members, in its order (``fused_moe/config.py``): no TopKSigmoid."""
+
+
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str, members: tuple[str, ...]) -> None:
+    """Just enough of a vLLM package for the driver to ask for its routing enum (CPU, no vLLM)."""
+    import enum
+    import types
+
+    names = ("vllm", "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.fused_moe")
+    modules = [types.ModuleType(n) for n in (*names, f"{names[-1]}.config")]
+    modules[0].__version__ = version
+    modules[-1].RoutingMethodType = enum.IntEnum("RoutingMethodType", members)
+    for parent, child in zip(modules, modules[1:]):
+        setattr(parent, child.__name__.rsplit(".", 1)[1], child)
+    for m in modules:
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+
+
+def test_the_vllm_driver_maps_every_routing_method_by_name():
+    """Every routing the harness has is mapped on purpose, and every mapped name but TopKSigmoid is
+    a member of vLLM 0.33.0's enum (read from its fetched sources where they are here)."""
+    import ast
+
+    from mxmoe.kernels.vllm_layer import VLLM_ROUTING
+    from mxmoe.reference.routing import ROUTING_METHODS
+
+    assert tuple(VLLM_ROUTING) == ROUTING_METHODS
+    assert set(VLLM_ROUTING.values()) - set(VLLM_0_33_0_ROUTING) == {"TopKSigmoid"}
+    source = _vllm_source("vllm/model_executor/layers/fused_moe/config.py")
+    if source.is_file():
+        tree = ast.parse(source.read_text())
+        enum_class = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "RoutingMethodType")
+        members = tuple(t.id for n in enum_class.body if isinstance(n, ast.Assign) for t in n.targets)
+        assert members == VLLM_0_33_0_ROUTING
+
+
+def test_the_vllm_driver_names_vllms_member_or_declines_a_routing_vllm_lacks():
+    import enum
+
+    from mxmoe.kernels.vllm_layer import vllm_routing_method
+
+    old = enum.IntEnum("RoutingMethodType", VLLM_0_33_0_ROUTING)
+    assert vllm_routing_method("Sigmoid", old, "0.33.0") is old.Sigmoid
+    with pytest.raises(BackendUnavailable) as declined:
+        vllm_routing_method("TopKSigmoid", old, "0.33.0")
+    assert str(declined.value) == (
+        f"vLLM 0.33.0's RoutingMethodType has no TopKSigmoid member (it has {', '.join(VLLM_0_33_0_ROUTING)}), "
+        "so vLLM's layer cannot express routing method TopKSigmoid"
+    )
+    later = enum.IntEnum("RoutingMethodType", (*VLLM_0_33_0_ROUTING, "TopKSigmoid"))  # a release that has it
+    assert vllm_routing_method("TopKSigmoid", later, "9.9.9") is later.TopKSigmoid
+    with pytest.raises(ValueError, match="routing must be one of Default, .*; got 'Softmax'"):
+        vllm_routing_method("Softmax", old, "0.33.0")
+
+
+@pytest.mark.parametrize("driver", ["marlin", "vllm-emulation", "vllm-flashinfer-cutlass-mxfp4-bf16"])
+def test_a_routing_vllm_lacks_is_a_skip_naming_it_never_an_error(driver, monkeypatch):
+    """The H200 nightly's ERROR (KeyError: 'TopKSigmoid' in convert) on every
+    small-interleaved-topksigmoid case, for the three vLLM layer backends that declare every routing:
+    the driver now declines such a case in convert, a SKIP naming vLLM's release and its members."""
+    _fake_vllm(monkeypatch, "0.33.0", VLLM_0_33_0_ROUTING)
+    cls = next(i.backend for i in LOADED if i.backend.declaration.id == driver).__class__
+    arch = "sm90"  # declared by all three, and the driver's decline is the same on every arch:
+    monkeypatch.setattr("mxmoe.harness.judge.engine.host_arch", lambda: arch)  # this host stands for one
+    monkeypatch.setattr(cls, "load", lambda self: None)  # vLLM is faked: nothing to boot
+    case = make_case("small", 3, routing="TopKSigmoid")
+    assert case.id == "small-interleaved-topksigmoid-t3"
+    result, _ = run_case(cls(), case, arch, inputs=make_inputs(case, "cpu"))
+    assert (result.outcome, result.traceback) == ("SKIP", ""), result.traceback
+    assert result.reason == (
+        f"{driver} cannot run this case: vLLM 0.33.0's RoutingMethodType has no TopKSigmoid member (it has "
+        f"{', '.join(VLLM_0_33_0_ROUTING)}), so vLLM's layer cannot express routing method TopKSigmoid"
+    )
