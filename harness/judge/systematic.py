@@ -337,9 +337,9 @@ def gram_power_bounds(w: torch.Tensor, squarings: int = _SQUARINGS) -> torch.Ten
 
 
 _BY_TENSORS: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, int, int, dict[str, dict]]] = {}
-"""What is derived from one weights' w2 tensors (per-expert norms, dequantized matrices), by those
-tensors: every backend checked on one case's inputs reuses it (hashing gpt-oss-120b's 128 experts
-for the norms alone takes about 0.4 s)."""
+"""What is derived from one weights' w2 tensors (per-expert norms, dequantized matrices, the energy
+test's thresholds), by those tensors: every backend checked on one case's inputs reuses it (hashing
+gpt-oss-120b's 128 experts for the norms alone takes about 0.4 s)."""
 
 
 def _digest(blocks: torch.Tensor, scales: torch.Tensor) -> str:
@@ -486,13 +486,52 @@ def w2_norms2(weights: MoEWeights) -> dict[int, float]:
 
 
 _EXACT_NORM_FLOPS = 1 << 33
-"""Multiply-adds one energy test may spend on exact per-token covariance norms (``token_norm_bound``;
+"""Multiply-adds one energy test may spend forming per-token covariances (``token_norm_bound``;
 about a second on two CPU cores). At gpt-oss's shapes one token costs more, and there the crude
 bound is already far below the trace."""
 _NORM_BATCH = 1 << 23
 """Elements of the slots' scaled w2 that one batch of tokens holds (32 MiB in float32)."""
 _F32_SLACK = 2.0**-22
 """Relative allowance per float32 rounding in ``token_norm_bound`` (twice the unit roundoff)."""
+
+
+def token_covariances(
+    weights: MoEWeights, terms: SlotTerms, tok: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The error covariances of tokens ``tok`` as ``token_norm_bound`` forms them: ``sigma`` [n, H, H]
+    float32, each token's divided by its ``scale`` [n] (its largest variance, so that float32 holds
+    inputs of any range), and ``slack`` [n], in those units: how far the formed matrix, its
+    eigenvalues and its Frobenius norm may be from the exact ones (float64, not over 3).
+
+    ``Sigma_t = diag(private) + sum_j w_j^2 W2_j diag(q_j) W2_j^T`` costs ``k H^2 I`` multiply-adds.
+    Only the experts these tokens' slots read are dequantized (gpt-oss-120b's 128 are 4.2 GB in
+    float32); a slot routed nowhere reads a zero matrix."""
+    ids = terms.ids[tok]
+    n, k = ids.shape
+    hidden, inter = terms.variance.shape[1], terms.intermediate_sq.shape[2]
+    dev = terms.variance.device
+    experts, where = torch.unique(ids, return_inverse=True)
+    zero = torch.zeros(hidden, inter, dtype=torch.float32, device=dev)
+    w2 = torch.stack([_w2(weights, e, dev, torch.float32) if e >= 0 else zero for e in experts.tolist()])
+    q = terms.intermediate_sq[tok].double() * terms.weight[tok].unsqueeze(-1) ** 2  # [n, k, I]
+    variance = terms.variance[tok].double()
+    scale = torch.maximum(q.amax(dim=(1, 2)), variance.amax(dim=1)).clamp(min=1e-300)  # [n]
+    q = (q / scale[:, None, None]).float()
+    a = (w2[where] * q.sqrt().unsqueeze(2)).permute(0, 2, 1, 3).reshape(n, hidden, k * inter)
+    gram = a @ a.mT  # [n, H, H]: sum over slots of w^2 W2 diag(q) W2^T
+    on_diagonal = (a.double() ** 2).sum(dim=2)  # [n, H]
+    # the private part is each element's variance less what its slots' activation errors put there
+    # (less at most: those are summed from float32 q, each within _F32_SLACK of its own)
+    private = (variance / scale[:, None] - (1 - _F32_SLACK) * on_diagonal).clamp(min=0.0)
+    sigma = torch.diag_embed(private.float()) + gram
+    # float32 storage of q, the products' sums (k I terms) and the eigensolver (H): within
+    # 64 (H + k I) float32 ulps of ||Sigma||. That covers the Frobenius norm too: the formed matrix
+    # is within (k I + 8) sqrt(H) + 2 unit roundoffs (2^-24) of ||Sigma||_F of the exact one in
+    # Frobenius norm (each gram entry within k I + 6 of sum_m |a_hm a_gm|, whose Frobenius norm is at
+    # most ||A||_F^2 = tr(gram) <= sqrt(H) ||gram||_F <= sqrt(H) ||Sigma||_F; the diagonal's two
+    # roundings), below the slack's 256 (H + k I) for H up to 65536.
+    slack = 64 * (hidden + k * inter) * _F32_SLACK * torch.linalg.matrix_norm(sigma).double()  # [n]
+    return sigma, scale, slack
 
 
 def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor) -> tuple[float, float | None]:
@@ -502,15 +541,22 @@ def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor)
 
     Why. On small cases the crude bound is several times the true norm (a slot's activation errors are
     not all at their largest, nor aligned with W2's top singular vector), and the tail's ``2 ||Sigma||
-    t`` term made the threshold 3 to 12 times the prediction. The exact norm of a token's
-    ``Sigma_t = diag(private) + sum_j w_j^2 W2_j diag(q_j) W2_j^T`` (over 3) costs ``k H^2 I`` to form,
-    so tokens are taken largest crude bound first, and the search stops once the next crude bound is
-    below the largest exact norm found (it caps every token after it) or the budget
-    (``_EXACT_NORM_FLOPS``) is spent (then that crude bound stands for the rest). Each exact norm is
-    rounded up for float32 storage of q and the eigensolver's own error.
+    t`` term made the threshold 3 to 12 times the prediction. The exact norm of a token's covariance
+    (``token_covariances``, over 3) costs ``k H^2 I`` to form, so tokens are formed largest crude
+    bound first, and the search stops once the next crude bound is below the largest exact norm
+    found (it caps every token after it) or the budget (``_EXACT_NORM_FLOPS``) is spent (then that
+    crude bound stands for the rest). Each exact norm is rounded up for float32 storage of q and the
+    eigensolver's own error.
+
+    A formed token rarely needs the eigensolver, the slow part (on a GPU, milliseconds per token):
+    its Frobenius norm caps its largest eigenvalue, within a few percent on the token that holds the
+    largest (one direction dominates each token's covariance; one to three tokens of a small nightly
+    case have a cap above that largest eigenvalue). So within a batch the eigensolver takes tokens
+    in descending cap order and stops at the first cap at or below the largest norm found: a token
+    skipped could not have raised it, and the bound is the one every token's eigenvalues give.
 
     Returns that bound and, where every token's covariance was formed (a small case), an upper bound
-    of ``tr(Sigma^2)`` from the same eigenvalues (else None: the caller bounds it by
+    of ``tr(Sigma^2)`` from the tokens' Frobenius norms (else None: the caller bounds it by
     ``||Sigma|| tr Sigma``)."""
     ids = terms.ids
     t_all, k = ids.shape
@@ -519,11 +565,6 @@ def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor)
     every = t_all * cost <= _EXACT_NORM_FLOPS  # small enough to form every token's: tr(Sigma^2) too
     order = torch.argsort(crude, descending=True)
     caps = crude[order].tolist()
-    dev = terms.variance.device
-    experts = sorted({int(e) for e in ids.unique().tolist() if e >= 0})
-    w2 = torch.zeros(max(experts, default=0) + 2, hidden, inter, dtype=torch.float32, device=dev)
-    for e in experts:  # the last row stays zero: slots routed nowhere read it
-        w2[e] = _w2(weights, e, dev, torch.float32)  # exact: an E2M1 code times a power of two
     per_batch = max(1, min(_NORM_BATCH // max(1, k * hidden * inter), _EXACT_NORM_FLOPS // max(1, cost)))
     best, squares, lo = 0.0, 0.0, 0
     while lo < t_all:
@@ -533,31 +574,32 @@ def token_norm_bound(weights: MoEWeights, terms: SlotTerms, crude: torch.Tensor)
             if (lo + 1) * cost > _EXACT_NORM_FLOPS:  # the budget is spent: its crude bound stands
                 return caps[lo], None
         hi = min(t_all, lo + per_batch, max(lo + 1, _EXACT_NORM_FLOPS // cost))
-        tok = order[lo:hi]
-        slot_ids = ids[tok].to(torch.int64)
-        slot_ids = torch.where(slot_ids >= 0, slot_ids, w2.shape[0] - 1)
-        q = terms.intermediate_sq[tok].double() * terms.weight[tok].unsqueeze(-1) ** 2  # [n, k, I]
-        variance = terms.variance[tok].double()
-        # each token scaled by its largest variance, so that float32 holds inputs of any range
-        scale = torch.maximum(q.amax(dim=(1, 2)), variance.amax(dim=1)).clamp(min=1e-300)  # [n]
-        q = (q / scale[:, None, None]).float()
-        a = (w2[slot_ids] * q.sqrt().unsqueeze(2)).permute(0, 2, 1, 3).reshape(len(tok), hidden, k * inter)
-        gram = a @ a.mT  # [n, H, H]: sum over slots of w^2 W2 diag(q) W2^T
-        on_diagonal = (a.double() ** 2).sum(dim=2)  # [n, H]
-        # the private part is each element's variance less what its slots' activation errors put there
-        # (less at most: those are summed from float32 q, each within _F32_SLACK of its own)
-        private = (variance / scale[:, None] - (1 - _F32_SLACK) * on_diagonal).clamp(min=0.0)
-        sigma = torch.diag_embed(private.float()) + gram
-        values = torch.linalg.eigvalsh(sigma).double()  # [n, H], ascending
-        # float32 storage of q, the products' sums (k I terms) and the eigensolver (H): within
-        # 64 (H + k I) float32 ulps of ||Sigma||
-        slack = 64 * (hidden + k * inter) * _F32_SLACK * torch.linalg.matrix_norm(sigma).double()  # [n]
-        values, slack = values * scale[:, None], slack * scale
-        if not bool(torch.isfinite(values).all() and torch.isfinite(slack).all()):
+        sigma, scale, slack = token_covariances(weights, terms, order[lo:hi])
+        wide = sigma.double()
+        frobenius = torch.linalg.matrix_norm(wide)  # [n]: float64, its rounding far inside the slack
+        trace = wide.diagonal(dim1=1, dim2=2).sum(dim=1)
+        # what the eigensolver returns as the largest eigenvalue is at most frobenius + slack (its
+        # error is inside the slack), so the token's exact norm below, (eigenvalue * scale + slack *
+        # scale) / 3, is at most this cap: the same monotone roundings of operands at least as large
+        cap = ((frobenius + slack) * scale + slack * scale) / 3.0
+        frobenius, trace, slack = frobenius * scale, trace * scale, slack * scale
+        if not bool(torch.isfinite(cap).all() and torch.isfinite(frobenius).all() and torch.isfinite(trace).all()):
             return max(best, caps[lo]), None  # out of float range even so: the crude bounds stand
-        tops = ((values[:, -1] + slack) / 3.0).tolist()
-        best = max(best, *(min(v, c) for v, c in zip(tops, caps[lo:hi], strict=True)))
-        squares += float(((values.abs() + slack[:, None]) ** 2).sum()) / 9.0
+        cap = torch.minimum(cap, crude[order[lo:hi]]).tolist()
+        for i in sorted(range(len(cap)), key=cap.__getitem__, reverse=True):
+            if cap[i] <= best:  # nor can any token after it raise the largest
+                break
+            top = torch.linalg.eigvalsh(sigma[i])[-1].double() * scale[i]
+            best = max(best, min(float((top + slack[i]) / 3.0), caps[lo + i]))
+        if every:
+            # the exact covariance's ||Sigma_t||_F is at most frobenius + slack, so tr(Sigma_t^2) is at
+            # most its square. Summed is the larger of that and sum_i (|v_i| + slack)^2 over the
+            # eigenvalues, the bound the recorded verdicts were made with: sum_i v_i^2 is frobenius^2
+            # and sum_i |v_i| the trace (Sigma_t is positive semidefinite), so it needs no eigenvalue,
+            # differs from its eigenvalue form by their float32 rounding alone, and is the larger
+            # wherever H >= 9 (the trace is at least frobenius - (1 + sqrt H) slack)
+            per_token = frobenius**2 + 2.0 * slack * trace + hidden * slack**2
+            squares += float(torch.maximum(per_token, (frobenius + slack) ** 2).sum()) / 9.0
         lo = hi
     if not math.isfinite(squares):
         return best, None
@@ -609,8 +651,8 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
         P(|A x|^2 > tr Sigma + 2 sqrt(tr(Sigma^2) t) + 2 ||Sigma|| t) <= exp(-t),
 
     and ``|e| <= |A x| + |c|``. Here ``tr Sigma = sum(variance) / 3`` (the bound's squared ranges,
-    ``SlotTerms.variance``), ``tr(Sigma^2)`` is summed from each token's eigenvalues where every token's
-    covariance is formed, else at most ``||Sigma|| tr Sigma``, and ``||Sigma||`` is the largest
+    ``SlotTerms.variance``), ``tr(Sigma^2)`` is summed from each token's squared Frobenius norm where
+    every token's covariance is formed, else at most ``||Sigma|| tr Sigma``, and ``||Sigma||`` is the largest
     token's: exact where that is cheap, else at most its ``max_h variance_h / 3`` (its private
     errors) plus, per slot, ``w^2 ||W2||_2^2 max_i q_i / 3`` (the activation errors every element of
     the token shares through W2; spectral norms bounded from above: ``norm2_upper_bounds``), as
@@ -631,27 +673,54 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     err = got.to(torch.float64) - bounded.ref
     if not bool(torch.isfinite(err).all()):
         return None
-    trace = float(terms.variance.sum()) / 3.0
-    if trace <= 0:
+    predicted = _predicted(weights, bounded, alpha)
+    if predicted is None:
         return None
-    ids = terms.ids
-    groups = terms.groups
-    norms = fill_w2_norms2(weights, groups.experts)
-    by_expert = torch.zeros(max(groups.experts, default=0) + 1, dtype=torch.float64)
-    by_expert[groups.experts] = torch.tensor([norms[e] for e in groups.experts], dtype=torch.float64)
-    routed = ids >= 0
-    # per token, over its slots: w^2 ||W2||^2 max_i q_i (a slot routed nowhere adds 0)
-    q = terms.intermediate_sq.amax(dim=2).double() * terms.weight**2
-    shared = torch.where(routed, by_expert.to(err.device)[ids.clamp(min=0)] * q, 0.0).sum(1)
-    lam, squares = token_norm_bound(weights, terms, (terms.variance.amax(dim=1) + shared) / 3.0)
-    if squares is None:
-        squares = lam * trace  # tr(Sigma^2) <= ||Sigma|| tr Sigma
-    t = math.log(1.0 / alpha)
-    bound = trace + 2.0 * math.sqrt(squares * t) + 2.0 * lam * t
-    energy = float((err**2).sum())
-    coherent = float(terms.coherent.norm())
-    threshold_ratio = (math.sqrt(bound) + coherent) ** 2 / trace
-    ratio = energy / trace
+    trace, threshold_ratio = predicted
+    ratio = float((err**2).sum()) / trace
     bits = significand_bits(got.dtype)
     eff = bits - 0.5 * math.log2(ratio) if ratio > 0 else math.inf
     return Energy(ratio=ratio, threshold=threshold_ratio, effective_bits=eff, declared_bits=bits)
+
+
+def _predicted(weights: MoEWeights, bounded: Bounded, alpha: float) -> tuple[float, float] | None:
+    """``energy_test``'s ``tr Sigma`` and threshold ratio (None where the trace is 0), kept per
+    ``Bounded`` object for ``weights``' w2 tensors (``_per_tensors``).
+
+    Why. They depend on the bound's terms and the weights alone, never on the output, and a sweep
+    hands the same ``Bounded`` to every backend checked on a case with the same declared arithmetic
+    (``sweep._Shared``): only the error's energy is the backend's. Kept by the object's identity (a
+    weak reference checks it, and drops the entry with the object), not by its value: a frozen
+    dataclass of tensors compares them element-wise."""
+    kept = _per_tensors(weights, "thresholds")
+    key = (id(bounded), alpha)
+    entry = kept.get(key)
+    if entry is not None and entry[0]() is bounded:
+        return entry[1]
+    terms = bounded.terms
+    trace = float(terms.variance.sum()) / 3.0
+    value = None
+    if trace > 0:
+        ids = terms.ids
+        groups = terms.groups
+        norms = fill_w2_norms2(weights, groups.experts)
+        by_expert = torch.zeros(max(groups.experts, default=0) + 1, dtype=torch.float64)
+        by_expert[groups.experts] = torch.tensor([norms[e] for e in groups.experts], dtype=torch.float64)
+        routed = ids >= 0
+        # per token, over its slots: w^2 ||W2||^2 max_i q_i (a slot routed nowhere adds 0)
+        q = terms.intermediate_sq.amax(dim=2).double() * terms.weight**2
+        shared = torch.where(routed, by_expert.to(ids.device)[ids.clamp(min=0)] * q, 0.0).sum(1)
+        lam, squares = token_norm_bound(weights, terms, (terms.variance.amax(dim=1) + shared) / 3.0)
+        if squares is None:
+            squares = lam * trace  # tr(Sigma^2) <= ||Sigma|| tr Sigma
+        t = math.log(1.0 / alpha)
+        bound = trace + 2.0 * math.sqrt(squares * t) + 2.0 * lam * t
+        coherent = float(terms.coherent.norm())
+        value = (trace, (math.sqrt(bound) + coherent) ** 2 / trace)
+
+    def forget(ref: weakref.ref) -> None:  # the Bounded is gone: so is its entry (not a newer one's)
+        if kept.get(key, (None,))[0] is ref:
+            del kept[key]
+
+    kept[key] = (weakref.ref(bounded, forget), value)
+    return value
