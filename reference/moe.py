@@ -45,7 +45,7 @@ _POINT_CHOICES = {
     "intermediate": ("fp64", "fp32", "bf16", "mxfp8"),
     "expert_output": ("fp64", "fp32", "bf16"),
     "routing_weights": ("fp64", "fp32", "bf16"),
-    "combine": ("fp32", "bf16"),
+    "combine": ("fp32", "bf16", "bf16-terms"),
 }
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -71,13 +71,19 @@ class Precision:
     combine: str = "fp32"
     """What the top-k sum accumulates in: ``fp32`` (the sum rounded once, to the output), or
     ``bf16`` (each slot's weighted output rounded to bfloat16, then every partial sum: a combine
-    kernel that adds bfloat16 rows in bfloat16, as vLLM's ``moe_sum`` does). The oracle never
-    rounds here; the bound counts the k + (k - 1) roundings of a ``bf16`` combine."""
+    kernel that adds bfloat16 rows in bfloat16), or ``bf16-terms`` (each slot's weighted output
+    rounded to bfloat16, the sum in float32 rounded once: Marlin's GEMM2 stores its weighted rows in
+    bf16 and vLLM's ``moe_sum`` adds them in float32). The oracle never rounds here; the bound counts
+    the k + (k - 1) roundings of a ``bf16`` combine and the k of a ``bf16-terms`` one."""
     bias_after_rounding: bool = False
     """Whether ``gemm1_output`` and ``expert_output`` round the GEMM's product alone, the bias
     being added after, in float32 (FlashInfer's CUTLASS MoE adds the biases in its activation and
     finalize kernels). A bias that cancels the product makes the rounded value larger than the
     result, so the bound must know which one is rounded."""
+    bias_add_rounds: bool = False
+    """With ``bias_after_rounding``: whether the bias is added to the rounded product in that
+    point's format, which rounds the sum again (Marlin's epilogue rounds its float32 accumulator to
+    bf16, then adds its bf16 bias with a bf16 add). Two roundings, not one: the bound counts both."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -88,6 +94,10 @@ class Precision:
                 )
         if self.output not in OUTPUT_DTYPES:
             raise ValueError(f"Precision.output must be one of {OUTPUT_DTYPES}; got {self.output!r}")
+        if self.bias_add_rounds and not self.bias_after_rounding:
+            raise ValueError(
+                "Precision.bias_add_rounds needs bias_after_rounding=True (the bias is added after the rounding)"
+            )
         if self.mx_rule not in SCALE_RULES:
             raise ValueError(f"Precision.mx_rule must be one of {', '.join(SCALE_RULES)}; got {self.mx_rule!r}")
 
@@ -443,6 +453,8 @@ def moe_routed(
         h = round_to(h, precision.gemm1_output)
         if b13 is not None and late:
             h = h + b13.unsqueeze(1)
+            if precision.bias_add_rounds:
+                h = round_to(h, precision.gemm1_output)
         a = gated_activation(h, activation, weights.w13_layout, alpha, beta, limit)
         a = round_to(a, precision.intermediate, precision.mx_rule)
         y = torch.bmm(a, w2.transpose(1, 2))
@@ -451,6 +463,8 @@ def moe_routed(
         y = round_to(y, precision.expert_output)
         if b2 is not None and late:
             y = y + b2.unsqueeze(1)
+            if precision.bias_add_rounds:
+                y = round_to(y, precision.expert_output)
         if not router_weight_on_input:
             y = y * we
         per_slot[torch.where(valid, slots, t * k).flatten()] = y.flatten(0, 1)

@@ -74,6 +74,23 @@ class HonestBiasAfter(TorchMoE):
     )
 
 
+class HonestBf16Epilogue(TorchMoE):
+    """bf16 GEMMs with fp32 accumulation whose every output is rounded to bf16, the bf16 bias added
+    to it in bf16 (a second rounding), each expert's row multiplied by its bf16 routing weight in
+    bf16 (a third) and the top-k rows summed in float32, rounded once: the arithmetic MARLIN
+    declares (vLLM's Marlin MoE epilogue, then ``moe_sum``), so that an honest kernel of that rounding
+    order is shown clean (a suite checks the two declarations stay equal)."""
+
+    gemm = "bf16"
+    declaration = _declare(
+        "honest-bf16-epilogue",
+        "bf16 GEMMs, bf16 products, bias adds and weighted rows, an fp32 top-k sum, bf16 output",
+        Precision(gemm1_output="bf16", intermediate="bf16", expert_output="bf16", routing_weights="bf16",
+                  combine="bf16-terms", output=torch.bfloat16, bias_after_rounding=True,
+                  bias_add_rounds=True),  # fmt: skip
+    )
+
+
 class HonestBf16Weights(TorchMoE):
     """As HonestFp32 with the routing weights rounded to bf16, and declared so."""
 
@@ -87,7 +104,7 @@ class HonestBf16Weights(TorchMoE):
 
 class HonestBf16Combine(TorchMoE):
     """As HonestFp32 with the top-k sum in bfloat16 (each slot's weighted output rounded, then each
-    partial sum), and declared so (``Precision.combine``): vLLM's ``moe_sum`` adds bf16 rows so."""
+    partial sum), and declared so (``Precision.combine``): a combine kernel that adds bf16 rows in bf16."""
 
     declaration = _declare(
         "honest-bf16-combine",
@@ -107,8 +124,8 @@ class HonestMxfp8(TorchMoE):
     )
 
 
-HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Weights, HonestBf16Combine,
-          HonestMxfp8)  # fmt: skip
+HONEST = (HonestFp32, HonestSplitK, HonestBf16Gemm, HonestBiasAfter, HonestBf16Epilogue, HonestBf16Weights,
+          HonestBf16Combine, HonestMxfp8)  # fmt: skip
 
 
 class Oracle(Backend):

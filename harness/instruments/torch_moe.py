@@ -19,7 +19,9 @@ from mxmoe.reference.activation import gated_activation
 from mxmoe.reference.moe import MoEWeights, Precision, round_to
 from mxmoe.reference.mxfp4 import dequantize_mxfp4, fake_quantize
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-terms": torch.float32}
+"""The dtype each GEMM operand or combine mode accumulates in (``bf16-terms``: float32, its terms
+rounded to bf16 first)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class TorchMoE(Backend):
         x = inputs.x.float()
         x = torch.nn.functional.pad(x, (0, prepared.w13.shape[-1] - x.shape[-1]))  # padded hidden: zeros
         combine = self.combine or _DTYPES[p.combine]
+        terms_bf16 = self.combine is None and p.combine == "bf16-terms"  # each weighted row stored in bf16
         acc = torch.zeros(case.tokens, prepared.w2.shape[1], dtype=combine, device=x.device)
         for e in range(prepared.w13.shape[0]):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
@@ -135,6 +138,8 @@ class TorchMoE(Backend):
             h = self._round(h, p.gemm1_output, p)
             if prepared.b13 is not None and late:
                 h = h + prepared.b13[e]
+                if p.bias_add_rounds:
+                    h = self._round(h, p.gemm1_output, p)
             a = self._round(self.activate(h, inputs), p.intermediate, p)
             y = self._gemm(a, prepared.w2[e])
             if prepared.b2 is not None and not late:
@@ -142,5 +147,10 @@ class TorchMoE(Backend):
             y = self._round(y, p.expert_output, p)
             if prepared.b2 is not None and late:
                 y = y + prepared.b2[e]
-            acc.index_add_(0, tok, (y if on_input else y * we).to(acc.dtype))
+                if p.bias_add_rounds:
+                    y = self._round(y, p.expert_output, p)
+            row = y if on_input else y * we
+            if terms_bf16:
+                row = row.to(torch.bfloat16)
+            acc.index_add_(0, tok, row.to(acc.dtype))
         out.copy_(acc[:, : out.shape[1]])

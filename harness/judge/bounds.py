@@ -127,6 +127,16 @@ def rounding_bound(point: str, magnitude: torch.Tensor, err: torch.Tensor, mx_ru
     return _half_ulp(magnitude + err, *_IEEE[point])
 
 
+def _bias_add_rounding(p: Precision, point: str, value: torch.Tensor, err: torch.Tensor) -> torch.Tensor | float:
+    """The second rounding of a point whose bias is added to the rounded product in the point's own
+    format (``Precision.bias_add_rounds``: Marlin's bf16 epilogue), at ``value`` (product plus bias)
+    known to within ``err`` (the first rounding's included); 0 where the bias is added exactly. Its
+    own independent error in the probabilistic tier, not a widening of the first."""
+    if not p.bias_add_rounds:
+        return 0.0
+    return rounding_bound(point, value.abs(), err)
+
+
 def _gamma(n: int, u: float) -> float:
     nu = n * (u + _U64)
     return nu / (1.0 - nu)
@@ -358,7 +368,8 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         q_h = (w1.shape[2] + 2) * ((u + _U64) * m1) ** 2  # one rounding per product and per sum
         if p.gemm1_output != "fp64":  # what is rounded: the product, or product plus bias
             r = rounding_bound(p.gemm1_output, (h - b1 if p.bias_after_rounding else h).abs(), e_h)
-            e_h, q_h = e_h + r, q_h + r**2
+            r_add = _bias_add_rounding(p, p.gemm1_output, h, e_h + r)
+            e_h, q_h = e_h + r + r_add, q_h + r**2 + r_add**2
         g, up = split_gate_up(h, w.w13_layout)
         e_g, e_u = split_gate_up(e_h, w.w13_layout)
         q_g, q_u = split_gate_up(q_h, w.w13_layout)
@@ -407,7 +418,8 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         l_y_sys = l_a_sys @ a2
         if p.expert_output != "fp64":
             r = rounding_bound(p.expert_output, (y - b2 if p.bias_after_rounding else y).abs(), e_y)
-            e_y, q_y = e_y + r, q_y + r**2
+            r_add = _bias_add_rounding(p, p.expert_output, y, e_y + r)
+            e_y, q_y = e_y + r + r_add, q_y + r**2 + r_add**2
         rows = torch.where(valid, idx, flat_n)  # each routed slot once; padding to the spare row
         act[rows], act_sq[rows] = a.float(), q_a.float()
         if bias13 is not None:
@@ -441,13 +453,17 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         coherent = coherent + coh.gather(1, by_expert[:, j, None, None].expand(-1, 1, hidden)).squeeze(1)
     out = val.sum(1)
     point = _DTYPE_POINT[p.output]
-    if p.combine == "bf16":
-        # each slot's weighted output rounded to bf16, then each of the k - 1 partial sums (at most
-        # the sum of magnitudes): every one an independent rounding of its element
+    if p.combine in ("bf16", "bf16-terms"):
+        # each slot's weighted output rounded to bf16, then (bf16) each of the k - 1 partial sums
+        # (at most the sum of magnitudes): every one an independent rounding of its element. A
+        # ``bf16-terms`` sum is float32's, which the k + 1 roundings below already count.
         r_slot = rounding_bound("bf16", mag, err)
         err, mag, sq = err + r_slot, mag + r_slot, sq + r_slot**2
-        r_sum = rounding_bound("bf16", mag.sum(1), err.sum(1))
-        combine_err, combine_sq = (k - 1) * r_sum, (k - 1) * r_sum**2
+        if p.combine == "bf16":
+            r_sum = rounding_bound("bf16", mag.sum(1), err.sum(1))
+            combine_err, combine_sq = (k - 1) * r_sum, (k - 1) * r_sum**2
+        else:
+            combine_err = combine_sq = torch.zeros_like(out)
     else:
         combine_err = combine_sq = torch.zeros_like(out)
     rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1) + combine_err

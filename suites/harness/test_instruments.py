@@ -21,3 +21,15 @@ def test_the_probes_archs_are_harness_archs():
     from mxmoe.harness.upstream.vllm_probe import PROBE_ARCHS
 
     assert set(PROBE_ARCHS) <= set(ARCHS)
+
+
+def test_honest_bf16_epilogue_rounds_as_marlin_declares():
+    """``honest-bf16-epilogue`` is the clean control of MARLIN's rounding order (bf16 products, a
+    bf16 bias add, a bf16 weighted row, an fp32 top-k sum); the same reason as above."""
+    from mxmoe.harness.instruments.honest import HonestBf16Epilogue
+    from mxmoe.kernels.marlin import Marlin
+
+    ours = HonestBf16Epilogue.declaration.arithmetic.precision
+    assert ours == Marlin.declaration.arithmetic.precision
+    assert ours.bias_add_rounds and ours.combine == "bf16-terms"
+    assert not Marlin.declaration.deterministic
