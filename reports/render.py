@@ -134,6 +134,8 @@ def markdown(report: dict) -> str:
             vendor = f", {f['vendor']}'s real kernels patched" if f.get("vendor") else ""
             out.append(f"- {f['arch']}{vendor} ({f['profile']} profile, {f['host']}): "
                        f"{f['caught']}/{f['faults']} faults caught, {f['clean']}/{f['honest']} honest variants clean"
+                       + (f"; on the bf16-GEMM1 arithmetic, {f['measured_caught']}/{f['measured']} sub-bound faults "
+                          "seen (measured, not required)" if f.get("measured") else "")
                        + (f"; MISSED: {', '.join(missed)}" if missed else "")
                        + (f"; FALSE ALARM: {', '.join(alarms)}" if alarms else "")
                        + (f"; shown nothing: {', '.join(unshown)}" if unshown else ""))  # fmt: skip

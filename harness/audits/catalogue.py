@@ -5,6 +5,10 @@ profile's cases, case by case, sharing each case's inputs and oracle between bac
 arithmetic. A fault stops at its first catch (that is "how many cases it took") unless it is marked
 ``full``: the control (which must never fire) and the bf16 routing-weights fault (whose catch rate
 is the number to report). Honest variants run every case: any FAIL or ERROR there is a false alarm.
+The sub-bound faults run again on the other arithmetic family (bf16 GEMMs with GEMM1's output in
+bf16, ``faults.ON_BF16_GEMM1``): rows of kind ``measured``, whose catch is reported and never
+required, since below that arithmetic's own roundings a fault may be invisible to any judge that
+never false-alarms. ``full`` runs every fault on every case, for the catch rates of both families.
 A module that fails at import (``IMPORT_FAILURE``) is run as the registry's stand-in for it.
 """
 
@@ -23,7 +27,7 @@ from mxmoe.harness.contract.backend import Backend
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.contract.platforms import device_for
-from mxmoe.harness.instruments.faults import MUTANTS
+from mxmoe.harness.instruments.faults import MUTANTS, ON_BF16_GEMM1
 from mxmoe.harness.instruments.honest import HONEST
 from mxmoe.harness.judge.bounds import reference_and_bound
 from mxmoe.harness.judge.engine import harness_error, peer_verdicts, run_case
@@ -60,7 +64,8 @@ class Row:
     fault: str
     reference: str | None
     kind: str
-    """``mutant``, ``control`` or ``honest``."""
+    """``mutant``, ``control``, ``honest`` or ``measured`` (a fault whose catch rate is reported, not
+    required)."""
     runs: int = 0
     fails: int = 0
     errors: int = 0
@@ -100,6 +105,8 @@ class Row:
             return "NOT RUN"
         if self.kind == "mutant":
             return "caught" if self.caught else "MISSED"
+        if self.kind == "measured":
+            return "caught" if self.caught else "not seen"
         return "FALSE ALARM" if self.caught else "clean"
 
     def to_dict(self) -> dict[str, object]:
@@ -111,9 +118,10 @@ class Row:
         return d
 
 
-def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> list[Row]:
+def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None, full: bool = False) -> list[Row]:
     """Run the honest variants, the mutants and the import failure over ``cases`` (see the module
-    docstring); rows in that order."""
+    docstring); rows in that order. ``full``: every fault on every case (catch rates, not only the
+    first catch)."""
     with tempfile.TemporaryDirectory() as tmp:
         entries: list[tuple[Backend, Row, bool]] = []
         for cls in HONEST:
@@ -121,7 +129,10 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None) -> l
             entries.append((b, Row(b.declaration.id, b.declaration.description, None, "honest"), True))
         for cls in MUTANTS:
             kind = "control" if cls.control else "mutant"
-            entries.append((cls(), Row(cls.declaration.id, cls.fault, cls.reference, kind), cls.full or cls.control))
+            row = Row(cls.declaration.id, cls.fault, cls.reference, kind)
+            entries.append((cls(), row, cls.full or cls.control or full))
+        for cls in ON_BF16_GEMM1:
+            entries.append((cls(), Row(cls.declaration.id, cls.fault, cls.reference, "measured"), cls.full or full))
         slug, fault, ref = IMPORT_FAILURE
         entries.append((import_failure_backend(Path(tmp)), Row(f"mutant-{slug}", fault, ref, "mutant"), False))
         device = device_for(arch)

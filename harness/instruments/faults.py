@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from mxmoe.harness.contract.inputs import CaseInputs, generator_for
-from mxmoe.harness.instruments.honest import HonestFp32
+from mxmoe.harness.instruments.honest import HonestBf16Gemm, HonestFp32
 from mxmoe.reference.activation import convert_layout, split_gate_up
 from mxmoe.reference.moe import MoEWeights
 from mxmoe.reference.mxfp4 import BLOCK, dequantize_mxfp4, fake_quantize
@@ -494,7 +494,7 @@ class RoutingWeightsBf16(Mutant):
 class CombineBf16(Mutant):
     slug = "combine-bf16"
     fault = "the top-k combine summed in bf16 while the backend declares fp32 (an undeclared rounding point)"
-    reference = f"vLLM's moe_sum adds bf16 rows in bf16; {PEERS}: every element stays within tolerance"
+    reference = f"a combine kernel that adds bf16 rows in bf16; {PEERS}: every element stays within tolerance"
     combine = torch.bfloat16
 
 
@@ -510,6 +510,38 @@ class NameErrorAtCall(Mutant):
 MUTANTS: tuple[type[Mutant], ...] = tuple(
     c for c in list(globals().values()) if isinstance(c, type) and issubclass(c, Mutant) and "slug" in c.__dict__
 )
+
+SUB_BOUND: tuple[type[Mutant], ...] = (
+    B2DroppedOneExpert, B2DoubledOneExpert, B2OtherExpert, B13DroppedOneExpert, OneScaleByteOff,
+    RoutingWeightsBf16, CombineBf16,
+)  # fmt: skip
+"""The faults whose every element can stay within the bound (a bias, a routing weight, the combine,
+a scale byte): caught, where they are, by the systematic and energy tests, whose power depends on
+how much rounding the declared arithmetic itself allows."""
+
+
+def _on_bf16_gemm1(cls: type[Mutant]) -> type[Mutant]:
+    """``cls``'s fault put in the other arithmetic family: bf16 GEMMs whose every result is rounded
+    to bf16, GEMM1's output included (``honest-unfused``: MARLIN's and TRITON_UNFUSED's kind),
+    declared as that honest kernel is.
+
+    Why: on float32 GEMM1 outputs these faults are caught by tests whose power comes from how little
+    the arithmetic rounds; rounding GEMM1's output to bf16 adds an error through the activation to
+    every element, and the catalogue has to measure detection there too, not assume it."""
+    name = f"{cls.__name__}OnBf16Gemm1"
+    made = type(name, (cls,), {
+        "__module__": __name__, "__qualname__": name, "__doc__": f"{cls.__name__} on ``honest-unfused``'s arithmetic.",
+        "slug": f"{cls.slug}-bf16-gemm1", "fault": f"{cls.fault}; on bf16 GEMMs with GEMM1's output in bf16",
+        "reference": cls.reference, "gemm": HonestBf16Gemm.gemm, "declaration": HonestBf16Gemm.declaration,
+    })  # fmt: skip
+    globals()[name] = made  # loadable as module:Class, as every catalogue fault is
+    return made
+
+
+ON_BF16_GEMM1: tuple[type[Mutant], ...] = tuple(_on_bf16_gemm1(cls) for cls in SUB_BOUND)
+"""The sub-bound faults again on the bf16-GEMM1 arithmetic (the catalogue's second family). Kept out of
+``MUTANTS``: the diagnosis explains an output by the faults of the arithmetic a backend declares, and
+these are the same faults."""
 
 
 def mutant_specs() -> list[str]:

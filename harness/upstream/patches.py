@@ -319,5 +319,13 @@ VLLM_PATCHES: tuple[Patch, ...] = (
         (Edit(_VM, "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 2, 1, 3]].view(",
               "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 1, 2, 3]].view("),),
     ),
+    Patch(
+        "marlin-w2-bias-unpermuted", "bias",
+        "MARLIN: w2's bias left in its natural column order where Marlin's epilogue reads it in runs of 32 "
+        "permuted (marlin_permute_bias; w13's bias still permuted): every expert's output bias lands on "
+        "other columns of its run, a sub-bound error where the biases are small",
+        (Edit(_VM, "    w2_bias = permute_bias(w2_bias)",
+              "    w2_bias = None if w2_bias is None else w2_bias.to(param_dtype)"),),
+    ),
 )  # fmt: skip
 """Bugs planted in vLLM's own MXFP4 weight preparation (``python -m harness mutants --vendor vllm``)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mxmoe.harness.instruments.faults import MUTANTS
+from mxmoe.harness.instruments.faults import MUTANTS, ON_BF16_GEMM1
 from mxmoe.harness.instruments.honest import HONEST
 from mxmoe.harness.run.profiles import profile_cases
 
@@ -40,6 +40,14 @@ def check_matrix(path: Path, rc: int) -> None:
     r = rows["mutant-routing-weights-bf16"]
     assert r["runs"] + r["skips"] == n
     assert 0 < r["fails"] < r["runs"]
+
+    # the sub-bound faults on the bf16-GEMM1 family: run, their catch measured (never a bad verdict);
+    # where one is caught, by a FAIL, never an ERROR
+    measured = [r for r in rows.values() if r["kind"] == "measured"]
+    assert sorted(r["id"] for r in measured) == sorted(c.declaration.id for c in ON_BF16_GEMM1)
+    for r in measured:
+        assert r["runs"] > 0 and r["errors"] == r["harness_errors"] == 0, (r["id"], r["failure"])
+        assert r["verdict"] == ("caught" if r["fails"] else "not seen"), r["id"]
 
     # vLLM's 80%-within-0.3 rule lets several of these through (docs/peers.md); all are caught here
     assert all(set(r["peer_catches"]) == {"vllm_80pct_0p3", "triton_kernels"} for r in rows.values())
