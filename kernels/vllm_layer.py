@@ -46,6 +46,7 @@ from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.convert import to_layout
 from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.reference.moe import round_to
+from mxmoe.reference.routing import ROUTING_METHODS
 
 GPT_OSS_SWIGLU = ("swigluoai", 1.702, 1.0, 7.0)
 """(activation, alpha, beta, limit) that vLLM's GPT-OSS MXFP4 method passes to every kernel."""
@@ -65,39 +66,23 @@ MOE_BACKEND_STRINGS = {
     "AITER_MXFP4_FP8": "aiter",
 }
 """vLLM backend -> the ``--moe-backend`` string that reaches it (with the activation key)."""
-VLLM_ROUTING = {
-    "Default": "Default",
-    "Renormalize": "Renormalize",
-    "RenormalizeNaive": "RenormalizeNaive",
-    "DeepSeekV3": "DeepSeekV3",
-    "Llama4": "Llama4",
-    "TopK": "TopK",
-    "SigmoidRenorm": "SigmoidRenorm",
-    "Sigmoid": "Sigmoid",
-    "TopKSigmoid": "TopKSigmoid",
-    "MiniMax2": "MiniMax2",
-}
-"""The harness's routing method (``reference.routing.ROUTING_METHODS``) -> the name of vLLM's
-``RoutingMethodType`` member for it, by name (the enum's integers drift between releases). Named
-explicitly, so that a routing the harness adds is mapped on purpose, and a member a vLLM release
-lacks (0.33.0 has no ``TopKSigmoid``) is a decline naming that release, never a KeyError."""
 
 
 def vllm_routing_method(routing: str, routing_type: Any, version: str) -> Any:
     """vLLM's ``RoutingMethodType`` member (``routing_type``: the installed vLLM's enum) for the
     harness's routing method ``routing``. Raises BackendUnavailable (the case is a SKIP naming
     why) where vLLM ``version`` has no such member: its layer cannot be configured with that
-    routing, so vLLM never runs such a layer, and a crash there says nothing of the kernel."""
-    if routing not in VLLM_ROUTING:
-        raise ValueError(f"routing must be one of {', '.join(VLLM_ROUTING)}; got {routing!r}")
-    name = VLLM_ROUTING[routing]
-    members = routing_type.__members__
-    if name not in members:
+    routing, so vLLM never runs such a layer, and a crash there says nothing of the kernel. vLLM
+    names its members as the harness names its methods (0.33.0 lacks ``TopKSigmoid``)."""
+    if routing not in ROUTING_METHODS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTING_METHODS)}; got {routing!r}")
+    members = routing_type.__members__  # by name: the enum's integers drift between releases
+    if routing not in members:
         raise BackendUnavailable(
-            f"vLLM {version}'s RoutingMethodType has no {name} member (it has {', '.join(members)}), so vLLM's "
+            f"vLLM {version}'s RoutingMethodType has no {routing} member (it has {', '.join(members)}), so vLLM's "
             f"layer cannot express routing method {routing}"
         )
-    return members[name]
+    return members[routing]
 
 
 @dataclass
