@@ -19,8 +19,9 @@ its bf16 bias added with a bf16 add (a second rounding); GEMM2's row is then mul
 routing weight, itself rounded to bf16, in bf16 (a third); the top-k rows are summed in float32
 (``moe_sum``, or torch's sum over bf16) and rounded once. Declared so since the energy test's
 sharper tail saw the difference: declared with float32 weights and one rounding per GEMM, an H200
-nightly judged 225 of 1779 tests FAIL (energy 1.9 to 2.5x its prediction, a few elements to 1.05x
-the bound), each explained by bf16 routing weights or a bf16 combine.
+nightly judged 225 of 1779 tests FAIL (139 on the energy test, 1.6 to 2.2x its prediction; 71 with
+elements over the bound, at most 1.51x; 207 with bf16 routing weights or a bf16 combine among the
+diagnosis's explanations, 9 on run-to-run differences alone).
 
 Not deterministic, by design: vLLM's ``moe_align_block_size`` places each expert's rows with an
 ``atomicAdd`` (past its small-batch path: 1024 or more routed slots, or more than 64 experts), so
