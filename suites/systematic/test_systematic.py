@@ -39,6 +39,25 @@ def test_clipping_is_the_coherent_part_of_mxfp8_only():
     assert float(clip[0, -1]) > 0 and float(clip[0, :-1].abs().max()) == 0
 
 
+def test_an_mxfp8_intermediate_rounding_the_oracles_way_leaves_no_error():
+    """Block amax 300 (scale 2^0 under FLOOR, E4M3 steps of 2^-9 up to 2^-6, 2^-3 at 1): an element
+    whose admissible interval lies in one cell is the oracle's rounded value exactly, error 0; one
+    whose interval holds a cell's edge may land a cell away; a block whose amax may cross a power
+    of two (its scale uncertain) keeps every element's error."""
+    from mxmoe.harness.judge.bounds import _mx_intermediate
+
+    a = torch.tensor([[300.0, 1.0 + 2**-5, 1.0 + 2**-4] + [2.0**-12] * 29,
+                      [255.99] + [1.0] * 31], dtype=torch.float64)  # fmt: skip
+    e = torch.full_like(a, 2.0**-20)
+    e[1] = 0.02  # 255.99 + 0.02 crosses 256: the second block's scale is not certain
+    zeros = torch.zeros_like(a)
+    rounded, err, sq, lin, coh = _mx_intermediate(a, e, e**2, zeros, zeros, "floor")
+    assert float(rounded[0, 1]) == 1.0 and float(rounded[0, 3]) == 0.0  # 1 + 2^-5 rounds down; 2^-12 flushes
+    assert float(err[0, 0]) == 0 and float(err[0, 1]) == 0 and float(err[0, 3:].abs().max()) == 0
+    assert float(err[0, 2]) > 2**-4 and float(sq[0, 2]) > 0  # on a tie: either neighbour
+    assert bool((err[1] > 0).all()) and bool((sq[1] > 0).all())
+
+
 def test_honest_arithmetic_stays_under_the_threshold(host_arch, host_device):
     case = make_case("small", 33)
     inputs = make_inputs(case, host_device)
