@@ -119,20 +119,25 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
         (
             r.id.split(":", 1)[1], r.backend, r.category, r.verdict, f"{r.fails + r.errors}/{r.runs}",
             f"{r.differs}/{r.runs}" if r.kind != "control" else "-",
+            f"{r.material - r.material_missed}/{r.material}" if r.kind != "control" else "-",
             "inf" if r.worst_ratio == float("inf") else f"{r.worst_ratio:.3g}", f"{r.worst_z:.3g}",
             f"{r.worst_energy:.3g}", r.z_only or "-",
             *(f"{r.peer_catches.get(rule, 0)}/{r.runs}" for rule in PEER_RULES), r.fault,
         )
         for r in rows
     ]  # fmt: skip
-    headers = ("patch", "adapter", "category", "verdict", "caught/run", "differs", "worst err/bound", "worst z",
-               "worst energy", "by z only", "vLLM 80%/0.3", "triton_kernels", "what it does")  # fmt: skip
+    headers = ("patch", "adapter", "category", "verdict", "caught/run", "differs", "caught/material",
+               "worst err/bound", "worst z", "worst energy", "by z only", "vLLM 80%/0.3", "triton_kernels",
+               "what it does")  # fmt: skip
     print()
     print(format_table(headers, table))
     print(
         "\ndiffers: cases whose output differs bit for bit from the unpatched kernel's (or that raise): a patch"
-        "\nthat differs nowhere has no effect on these cases and is not a miss; by z only: FAILs with every element"
-        "\nwithin the bound (harness.judge.systematic); vLLM 80%/0.3, triton_kernels: the same runs under those"
+        "\nthat differs nowhere has no effect on these cases and is not a miss; material: of those, the cases where"
+        "\nthe change alone (patched less unpatched output) FAILs the same tests, i.e. is more than honest rounding"
+        "\ncould be (a raise counts): caught only where every one of them FAILs, below noise where none is;"
+        "\nby z only: FAILs with every element within the bound (harness.judge.systematic); vLLM 80%/0.3,"
+        " triton_kernels: the same runs under those"
         " peers' rules"
     )
     bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]

@@ -180,3 +180,59 @@ def test_a_patch_is_material_only_where_it_changes_the_output():
     assert (row.verdict, row.errors, row.failure) == ("caught", 1, "c1: the worker process died")
     control = _rows(None, v, [_rec("triton", "c1", "FAIL", "a", over_bound=3)], {})[0]
     assert control.verdict == "FALSE ALARM"
+
+
+def test_a_change_is_material_where_alone_it_fails_the_tests(host_device):
+    """A change far below the bound on one element is not material; one expert's GEMM2 bias taken
+    off its tokens, scaled to 0.95 of the bound at most, is material by its projection alone; a change
+    past the bound is material by the bound."""
+    from mxmoe.harness.audits.mutation.patched import effect_alone
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.contract.inputs import make_inputs
+    from mxmoe.harness.instruments.honest import HonestFp32
+    from mxmoe.harness.judge.bounds import reference_and_bound
+
+    case = make_case("small", 33)
+    inputs = make_inputs(case, host_device)
+    bounded = reference_and_bound(inputs, HonestFp32.declaration.arithmetic)
+    bound = bounded.bound
+    tiny = torch.zeros_like(bound)
+    tiny[0, 0] = 1e-3 * float(bound[0, 0])
+    assert not effect_alone(inputs.weights, bounded, tiny).material
+    terms = bounded.terms
+    b2 = inputs.weights.w2_bias.double().to(bound.device)
+    token_of, slot = (terms.ids == int(terms.ids[0, 0])).nonzero(as_tuple=True)
+    expert = int(terms.ids[0, 0])
+    moved = -b2[expert]
+    weights = terms.weight.double().to(bound.device)[token_of, slot]
+    shifted = torch.zeros_like(bound)
+    shifted[token_of] = weights[:, None] * moved
+    scale = 0.95 * float((bound[token_of] / shifted[token_of].abs().clamp(min=1e-30)).min())
+    shifted = shifted * scale  # within the bound everywhere, at 0.95 of it at most
+    assert int((shifted.abs() > bound).sum()) == 0
+    e = effect_alone(inputs.weights, bounded, shifted)
+    assert e.material and e.over_bound == 0 and e.z > e.z_threshold, e
+    past = torch.zeros_like(bound)
+    past[1, 2] = 2 * float(bound[1, 2])
+    assert effect_alone(inputs.weights, bounded, past).over_bound == 1
+
+
+def test_a_patch_is_caught_only_where_every_material_change_fails():
+    """Changes judged alone: a PASS on a material change is MISSED even beside a catch; changes
+    none of which is material, all passing, are below noise; an unjudged change counts as material."""
+    from mxmoe.harness.audits.mutation.patched import _rows
+
+    v = VENDORS["triton"]
+    base = {("triton", "c1"): "a", ("triton", "c2"): "b", ("triton-unfused", "c1"): "c", ("triton-unfused", "c2"): "d"}
+    p = TRITON_PATCHES[0]
+    big, small = {"material": True}, {"material": False}
+    recs = [_rec("triton", "c1", "FAIL", "x", effect=big), _rec("triton", "c2", "PASS", "y", effect=big),
+            _rec("triton-unfused", "c1", "PASS", "x", effect=small),
+            _rec("triton-unfused", "c2", "PASS", "d")]  # fmt: skip
+    rows = _rows(p, v, recs, base)
+    assert [(r.verdict, r.differs, r.material, r.material_missed) for r in rows] == [
+        ("MISSED", 2, 2, 1), ("below noise", 1, 0, 0)]  # fmt: skip
+    recs[1] = _rec("triton", "c2", "PASS", "y", effect=small)
+    assert _rows(p, v, recs, base)[0].verdict == "caught"
+    recs[2] = _rec("triton-unfused", "c1", "PASS", "x")  # no effect recorded: counted as material
+    assert _rows(p, v, recs, base)[1].verdict == "MISSED"

@@ -9,9 +9,13 @@ of that vendor (``triton``, ``triton-unfused``) on the patched kernel in a fresh
 the usual checks (``engine.run_case``: bound, systematic test, peers' rules). The patches are data
 (file, old line, new line), never patched source in git; the copy lives in a temporary folder.
 
-A patch is *material* where the patched kernel's output differs from the unpatched kernel's on
-some case (compared bit for bit, the same inputs) or where it raises: only then is there a bug to
-catch. The matrix says, per patch: caught, MISSED (material and not caught), or no effect on the
-cases run, with the peers' verdicts on the same runs beside ours. The unpatched kernel runs first
+A patch *changes* a case where the patched kernel's output differs from the unpatched kernel's
+(compared bit for bit, the same inputs) or where it raises, and is *material* there where the
+change alone, the patched output less the unpatched one, FAILs the same tests as an error would
+(the bound, the projections, the energy): then the patched kernel's error is that change plus
+honest rounding, and a catch is owed. A change that passes them alone is below what rounding can
+show at the stated false-alarm rate. The matrix says, per patch: caught (every material case
+FAILed or raised), MISSED (a material case passed), below noise (changes, none material), or no
+effect on the cases run, with the peers' verdicts on the same runs beside ours. The unpatched kernel runs first
 as the control; a FAIL there means the matrix cannot be read.
 """

@@ -14,9 +14,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mxmoe.harness.audits.catalogue import PEER_RULES, Row
 from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Patch, PatchError, replace_line
+
+if TYPE_CHECKING:  # the worker imports this module before the vendor copy: nothing heavy up front
+    import torch
+
+    from mxmoe.harness.judge.bounds import Bounded
+    from mxmoe.reference.moe import MoEWeights
 
 
 @dataclass(frozen=True)
@@ -133,24 +140,79 @@ class VRow(Row):
     category: str = ""
     differs: int = 0
     """Cases whose output differs bit for bit from the unpatched kernel's (or that raise)."""
+    material: int = 0
+    """Of those, the cases where the change is material (``Effect.material``; a raise, or a change
+    whose effect could not be judged, counts as material)."""
+    material_missed: int = 0
+    """Material cases the patched kernel PASSed: the misses."""
 
     @property
     def verdict(self) -> str:
-        """caught / MISSED / no effect for patches, clean / FALSE ALARM for the control."""
+        """caught / MISSED / below noise / no effect for patches, clean / FALSE ALARM for the
+        control. A patch is caught only where every case it changed materially FAILed or raised;
+        one that changed outputs only by less than honest rounding can show is below noise, not a
+        miss (no test at the stated false-alarm rate could see it there)."""
         if self.kind == "immaterial" and not self.caught:
             return "no effect"
+        if self.kind == "mutant" and not self.harness_errors and self.runs:
+            if self.material_missed:
+                return "MISSED"
+            if not self.caught and not self.material:
+                return "below noise"
         return super().verdict
 
 
+@dataclass(frozen=True)
+class Effect:
+    """What a patch changed on one case, judged alone: the patched output less the unpatched one,
+    put through the same tests as an error (the bound element by element, the projections, the
+    energy), as if the kernel rounded exactly. Material where that alone FAILs: then the patched
+    kernel's error is the change plus honest rounding, and the tests are owed a catch; where it
+    passes, no test at the stated false-alarm rate could tell the change from rounding."""
+
+    over_bound: int
+    z: float | None
+    z_threshold: float | None
+    energy: float | None
+    energy_threshold: float | None
+
+    @property
+    def material(self) -> bool:
+        """Whether the change alone FAILs the bound, the systematic test or the energy test."""
+        return bool(self.over_bound) or any(
+            v is not None and t is not None and v > t
+            for v, t in ((self.z, self.z_threshold), (self.energy, self.energy_threshold))
+        )
+
+
+def effect_alone(weights: MoEWeights, bounded: Bounded, delta: torch.Tensor) -> Effect:
+    """``Effect`` of ``delta`` (patched less unpatched output, the bound's shape) under ``bounded``."""
+    import torch
+
+    from mxmoe.harness.judge.systematic import energy_test, systematic_test
+
+    delta = delta.to(device=bounded.ref.device, dtype=torch.float64)
+    got = bounded.ref + delta
+    found, energy = systematic_test(weights, bounded, got), energy_test(weights, bounded, got)
+    return Effect(
+        over_bound=int((~(delta.abs() <= bounded.bound)).sum()),  # a non-finite change is over it
+        z=found.z if found else None, z_threshold=found.threshold if found else None,
+        energy=energy.ratio if energy else None, energy_threshold=energy.threshold if energy else None,
+    )  # fmt: skip
+
+
 def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path,
-            tactics: str = "default") -> list[dict]:  # fmt: skip
-    """Run ``harness.audits.mutation.worker`` on the copy at ``root``; its records. Where the process
+            tactics: str = "default", outputs: tuple[str, Path] | None = None) -> list[dict]:  # fmt: skip
+    """Run ``harness.audits.mutation.worker`` on the copy at ``root``; its records (``outputs``: where
+    the control saves its outputs, or where a patched copy finds them to judge its change). Where the process
     dies (a patched kernel that takes the CUDA context down), the check it was running is an ERROR
     with the process's last words, and the checks after it are not run (no record)."""
     cmd = [sys.executable, "-m", "mxmoe.harness.audits.mutation.worker", "--vendor", v.name, "--root", str(root),
            "--profile", profile, "--out", str(out), "--tactics", tactics] + [a for b in v.backends
                                                                             for a in ("--backend", b)]
     cmd += [a for c in case_ids for a in ("--case", c)]  # fmt: skip
+    if outputs:  # ("--save", DIR) for the control, ("--baseline", DIR) for a patched copy
+        cmd += [outputs[0], str(outputs[1])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | dict(v.env))
     lines = out.read_text().splitlines() if out.is_file() else []
     records = [json.loads(line) for line in lines if line.strip()]
@@ -189,7 +251,9 @@ def run_vendor(
         for p in patches:  # every patch applies before anything runs: a stale patch is an error up front
             roots[p.slug] = apply(src, tmp_path / p.slug, v.package, p)
         log(f"{v.name}: {src} copied; {len(patches)} patches applied; adapters {', '.join(v.backends)}")
-        base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl", tactics)
+        saved = tmp_path / "outputs"
+        saved.mkdir()
+        base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl", tactics, ("--save", saved))
         control = _rows(None, v, base, {})
         if not any(r.runs for r in control):
             reasons = sorted({f"{r['backend']}: {r['reason']}" for r in base})
@@ -198,7 +262,8 @@ def run_vendor(
         digests = {(r["backend"], r["case"]): r["digest"] for r in base}
 
         def one(p: Patch) -> list[VRow]:
-            recs = _worker(v, roots[p.slug], profile, case_ids, tmp_path / f"{p.slug}.jsonl", tactics)
+            recs = _worker(v, roots[p.slug], profile, case_ids, tmp_path / f"{p.slug}.jsonl", tactics,
+                           ("--baseline", saved))  # fmt: skip
             rows = _rows(p, v, recs, digests, [r.backend for r in control])
             log(f"{p.slug}: " + ", ".join(f"{r.backend} {r.verdict}" for r in rows))
             return rows
@@ -229,6 +294,10 @@ def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, st
         if p is not None and (r["outcome"] == "ERROR" or r["digest"] != base.get((r["backend"], r["case"]))):
             row.differs += 1
             row.kind = "mutant"
+            effect = r.get("effect")
+            if r["outcome"] == "ERROR" or effect is None or effect["material"]:
+                row.material += 1
+                row.material_missed += r["outcome"] not in ("FAIL", "ERROR")
         if r["outcome"] in ("FAIL", "ERROR"):
             row.fails += r["outcome"] == "FAIL"
             row.errors += r["outcome"] == "ERROR"

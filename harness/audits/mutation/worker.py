@@ -12,6 +12,7 @@ unpatched copy."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", action="append", required=True)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tactics", default="default")
+    ap.add_argument("--save", type=Path, help="the control: keep each output here for the patched copies")
+    ap.add_argument("--baseline", type=Path, help="a patched copy: the control's outputs, to judge each change alone")
     args = ap.parse_args(argv)
 
     from mxmoe.harness.audits.mutation.patched import vendor
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from mxmoe.harness.audits.catalogue import PEER_RULES
+    from mxmoe.harness.audits.mutation.patched import effect_alone
     from mxmoe.harness.contract.inputs import make_inputs
     from mxmoe.harness.contract.platforms import device_for
     from mxmoe.harness.judge.bounds import reference_and_bound
@@ -90,15 +94,27 @@ def main(argv: list[str] | None = None) -> int:
                 del backend.run
             m = result.metrics
             out = seen.get("out")
-            digest = "none"
+            digest, effect = "none", None
             if out is not None and result.outcome != "ERROR":
                 digest = hashlib.sha256(out.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+                name = f"{backend.declaration.id}__{case.id}.pt"
+                if args.save:
+                    torch.save(out.detach().cpu(), args.save / name)
+                base = args.baseline / name if args.baseline else None
+                bounded = bounds.get(arith)
+                if base is not None and base.is_file() and bounded is not None:
+                    before = torch.load(base).to(out.device)
+                    same = before.shape == out.shape and torch.equal(
+                        before.contiguous().view(torch.uint8), out.detach().contiguous().view(torch.uint8))  # fmt: skip
+                    if not same and before.shape == bounded.ref.shape == out.shape:  # judge what changed
+                        e = effect_alone(inputs.weights, bounded, out.double() - before.double())
+                        effect = dataclasses.asdict(e) | {"material": e.material}
             record = {
                 "backend": backend.declaration.id, "case": case.id, "outcome": result.outcome,
                 "reason": result.reason, "worst_ratio": m.worst_ratio, "over_bound": m.over_bound,
                 "z": m.systematic_z, "z_fired": m.beyond_bound_fired, "energy": m.energy_ratio,
                 "peers": peer_verdicts(m) if result.outcome != "ERROR" else dict.fromkeys(PEER_RULES, True),
-                "digest": digest, "interpreted": interpreted,
+                "digest": digest, "effect": effect, "interpreted": interpreted,
             }  # fmt: skip
             with args.out.open("a") as f:
                 f.write(json.dumps(record) + "\n")
