@@ -1,23 +1,24 @@
 """Where vLLM's TRITON_UNFUSED MoE and the project's direct adapter of it (kernels/oai_triton_unfused.py)
 differ on the same inputs (standalone: vLLM and torch only, on a CUDA GPU).
 
-Hypothesis under test: both run the same triton_kernels v3.5.1 GEMMs on the same routing data and
-sum each token's top-k rows in the same order (slot 0 to k-1, in float32); they differ only in the
-activation between the GEMMs. vLLM's ``_C::swigluoai_and_mul`` (csrc/activation_kernels.cu)
-computes ``(u + 1) * g / (1 + expf(-g * alpha))``, one rounding after the product; the adapter's
-torch (reference/activation.py) computes ``g * sigmoid(alpha * g) * (u + 1)``, rounding the
-reciprocal and each product. A few in a million bf16 intermediates then differ by one ulp, most
-of them tiny (|a| < 0.01: a strongly negative gate), which moves GEMM2's float32 sums by far less
-than a bf16 ulp: a few outputs differ at T=4096, none at T=128.
+What it showed (NVIDIA H200, vLLM 0.33.0's carried runtime and ops, E=32, T=4096, H=I=2880): both
+sides run the same triton_kernels v3.5.1 GEMMs on the same routing data (R and A: 0 positions, 0 of
+94,371,840 GEMM1 elements) and sum each token's top-k rows alike (D: 0); the one difference was
+the activation between the GEMMs. vLLM's ``_C::swigluoai_and_mul`` (csrc/activation_kernels.cu)
+computes ``(u + 1) * g / (1 + expf(-g * alpha))``, and that expression in torch matches it bit for
+bit (0 of 47,185,920); the oracle's order ``g * sigmoid(alpha * g) * (u + 1)``, which the adapter
+used before, differed on 269 (249 with |a| < 0.01), moving 142 GEMM2 row elements and 27 of
+11,796,480 outputs (15 tokens); with vLLM's activation, 0. The adapter now computes vLLM's order.
 
 Steps, each on the same inputs (random MXFP4 weights, trained-like scale bytes 118..124):
   R. routing data from vLLM's ``make_routing_data`` and from the adapter's (bit matrix packed in
      torch, ``routing_from_bitmatrix``): positions where indices, gate scales, histogram differ.
   A. GEMM1 (no fused activation, float32 bias, bf16 out) on w13 rows interleaved (vLLM keeps the
      GPT-OSS checkpoint's) and chunked [gate; up] (the adapter's), columns matched: equal?
-  B. the activation on ONE GEMM1 output: vLLM's op against the adapter's torch expression, and
-     against vLLM's expression written in torch (0 expected: the op's arithmetic is that one).
-  C. GEMM2 (n_expts_act 1, gammas, one row per (token, slot)) on each activation: rows differ?
+  B. the activation on ONE GEMM1 output: vLLM's op against the adapter's (0 expected: the same
+     expression), and against the oracle's order (for scale: what the order alone moves).
+  C. GEMM2 (n_expts_act 1, gammas, one row per (token, slot)) on vLLM's activation and on the
+     oracle's order: rows differ?
   D. the top-k sum on ONE set of rows: ``masked_moe_sum`` against the adapter's torch sum (0
      expected), and other slot orders, for scale (sums of 4 bf16 terms are mostly exact in float32).
   E. end to end, each side its own routing, w13 layout, activation and sum; then the adapter's
@@ -30,10 +31,7 @@ mxmoe.harness.upstream.vllm_runtime import boot; boot(arch='sm90'); import runpy
 ['m', *ARGS]; runpy.run_path('tools/triton_unfused_cross.py', run_name='__main__')"``, which puts
 the adapters' triton_kernels first, the cached copy of vLLM's v3.5.1 (``python -m harness fetch
 triton-kernels``), and loads the ops build for the activation (``python -m harness build-vllm-ops``)).
-Written from vLLM 0.33.0's and triton_kernels v3.5.1's sources, not yet run on a GPU. A CPU
-emulation of B to E (float32 GEMMs shared by both sides; the harness's CPU draw of gpt-oss-20b,
-T=4096) gave 29% of float32 activations differing, 205 bf16 ones (190 under 0.01), 138 row
-elements in 26 rows, 0 from any slot order, and 14 outputs in 4 tokens; at T=128, 7 and 0.
+Step E's first number is the finding: 0 where the adapter and vLLM's layer agree bit for bit.
 """
 
 from __future__ import annotations
@@ -43,7 +41,13 @@ import dataclasses
 
 import torch
 
-ALPHA, LIMIT = 1.702, 7.0  # GPT-OSS's swiglu: vLLM's gemm1_alpha and gemm1_clamp_limit
+from mxmoe.harness.contract.cases import make_case
+from mxmoe.kernels.oai_triton_unfused import unfused_activation
+from mxmoe.reference.activation import GPT_OSS_ALPHA as ALPHA
+from mxmoe.reference.activation import GPT_OSS_LIMIT as LIMIT
+from mxmoe.reference.activation import gated_activation
+
+GPT_OSS_CASE = make_case("gptoss20b", 1)  # only its swiglu (alpha, beta, limit) is read
 
 
 def differ(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -53,19 +57,16 @@ def differ(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a != b).sum())
 
 
-def adapter_activation(chunked: torch.Tensor, inter: int) -> torch.Tensor:
-    """kernels/oai_triton_unfused.py's ``unfused_activation`` (reference/activation.py's swigluoai)."""
-    x = chunked.float()
-    gate, up = x[:, :inter].contiguous(), x[:, inter:].contiguous()
-    gate, up = torch.clamp(gate, max=LIMIT), torch.clamp(up, min=-LIMIT, max=LIMIT)
-    return (gate * torch.sigmoid(ALPHA * gate) * (up + 1.0)).to(torch.bfloat16)
+def adapter_activation(gemm1: torch.Tensor, layout: str) -> torch.Tensor:
+    """The adapter's own activation (kernels/oai_triton_unfused.py, vLLM's operation order since
+    the adapter was aligned with it) at GPT-OSS's swiglu."""
+    return unfused_activation(gemm1, GPT_OSS_CASE, layout)
 
 
-def vllm_expression(interleaved: torch.Tensor) -> torch.Tensor:
-    """csrc/activation_kernels.cu's ``swigluoai_and_mul`` written in torch, same operation order."""
-    x = interleaved.float()
-    g, u = torch.clamp(x[:, 0::2], max=LIMIT), torch.clamp(x[:, 1::2], min=-LIMIT, max=LIMIT)
-    return (((u + 1.0) * g) / (1.0 + torch.exp(-g * ALPHA))).to(torch.bfloat16)
+def oracle_order(gemm1: torch.Tensor, layout: str) -> torch.Tensor:
+    """The oracle's order, ``g * sigmoid(alpha * g) * (u + 1)`` (reference/activation.py), in
+    float32 and rounded to bf16: what the adapter computed before, kept to show what the order moves."""
+    return gated_activation(gemm1.float(), "swigluoai", layout, ALPHA, 1.0, LIMIT).to(torch.bfloat16)
 
 
 def in_order(terms: list[torch.Tensor]) -> torch.Tensor:
@@ -179,15 +180,15 @@ def main() -> None:
     print(f"A. GEMM1 interleaved vs chunked, columns matched: {differ(g1_i[:, perm], g1_c)} of {g1_c.numel()} differ")
 
     act_v = vllm_act(g1_i)
-    act_a = adapter_activation(g1_i[:, perm], N)
-    flips = act_v.view(torch.int16) != act_a.view(torch.int16)
+    act_a = adapter_activation(g1_i, "interleaved")
+    flips = act_v.view(torch.int16) != oracle_order(g1_i, "interleaved").view(torch.int16)
     mags = act_v[flips].float().abs()
     small = int((mags < 0.01).sum())
-    print(f"B. activation, vLLM's op vs the adapter's torch: {int(flips.sum())} of {flips.numel()} differ "
-          f"({small} with |a| < 0.01, largest {mags.max().item() if mags.numel() else 0:.4g}); vLLM's op vs its "
-          f"expression in torch: {differ(act_v, vllm_expression(g1_i))}")  # fmt: skip
+    print(f"B. activation, vLLM's op vs the adapter's: {differ(act_v, act_a)} of {flips.numel()} differ; "
+          f"vs the oracle's order: {int(flips.sum())} ({small} with |a| < 0.01, largest "
+          f"{mags.max().item() if mags.numel() else 0:.4g})")  # fmt: skip
 
-    rows_v, rows_a = gemm2(rv, act_v), gemm2(rv, act_a)
+    rows_v, rows_a = gemm2(rv, act_v), gemm2(rv, oracle_order(g1_i, "interleaved"))
     moved = (rows_v.view(torch.int16) != rows_a.view(torch.int16)).any(dim=2)
     print(f"C. GEMM2 rows on each activation: {differ(rows_v, rows_a)} of {rows_v.numel()} elements differ, "
           f"in {int(moved.sum())} (token, slot) rows")  # fmt: skip
@@ -202,7 +203,7 @@ def main() -> None:
           f"first half + second half {differ(seq, pairwise)}, slots reversed {differ(seq, backwards)}")  # fmt: skip
 
     out_v = vllm_sum(gemm2(rv, vllm_act(g1_i)))
-    out_a = adapter_sum(gemm2(ra, adapter_activation(g1_c, N)))
+    out_a = adapter_sum(gemm2(ra, adapter_activation(g1_c, "chunked")))
     bad = out_v.view(torch.int16) != out_a.view(torch.int16)
     chunked_as_interleaved = torch.stack([g1_c[:, :N], g1_c[:, N:]], dim=-1).reshape(T * K, 2 * N)
     out_av = adapter_sum(gemm2(ra, vllm_act(chunked_as_interleaved)))
