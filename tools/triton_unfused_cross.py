@@ -44,6 +44,7 @@ import torch
 from mxmoe.harness.contract.cases import make_case
 from mxmoe.kernels.oai_triton_unfused import unfused_activation
 from mxmoe.reference.activation import GPT_OSS_ALPHA as ALPHA
+from mxmoe.reference.activation import GPT_OSS_BETA as BETA
 from mxmoe.reference.activation import GPT_OSS_LIMIT as LIMIT
 from mxmoe.reference.activation import gated_activation
 
@@ -66,7 +67,7 @@ def adapter_activation(gemm1: torch.Tensor, layout: str) -> torch.Tensor:
 def oracle_order(gemm1: torch.Tensor, layout: str) -> torch.Tensor:
     """The oracle's order, ``g * sigmoid(alpha * g) * (u + 1)`` (reference/activation.py), in
     float32 and rounded to bf16: what the adapter computed before, kept to show what the order moves."""
-    return gated_activation(gemm1.float(), "swigluoai", layout, ALPHA, 1.0, LIMIT).to(torch.bfloat16)
+    return gated_activation(gemm1.float(), "swigluoai", layout, ALPHA, BETA, LIMIT).to(torch.bfloat16)
 
 
 def in_order(terms: list[torch.Tensor]) -> torch.Tensor:

@@ -238,15 +238,15 @@ def _mx_intermediate(
     )
     one_cell = round_to(a - e_a, "mxfp8", rule) == round_to(a + e_a, "mxfp8", rule)
     exact = one_cell & same_scale.unsqueeze(-1).expand(blocks).reshape(shape)
-    r = rounding_bound("mxfp8", mag, e_a, rule)
-    moved = e_a + 2 * r
+    rounding, clip = _mx_parts(hi, lo, rule)  # rounding_bound is their maximum, clipping_bound the clip
+    r = torch.maximum(rounding, clip)
     zero = torch.zeros_like(a)
     return (
         round_to(a, "mxfp8", rule),
-        torch.where(exact, zero, moved),
+        torch.where(exact, zero, e_a + 2 * r),
         torch.where(exact, zero, q_a + (2 * r) ** 2),
         torch.where(exact, zero, l_a),
-        torch.where(exact, zero, l_sys + clipping_bound("mxfp8", mag, e_a, rule)),
+        torch.where(exact, zero, l_sys + clip),
     )
 
 
