@@ -42,13 +42,15 @@ import dataclasses
 import torch
 
 from mxmoe.harness.contract.cases import make_case
-from mxmoe.kernels.oai_triton_unfused import unfused_activation
+from mxmoe.kernels.oai_triton_unfused import OaiTritonUnfused, unfused_activation
 from mxmoe.reference.activation import GPT_OSS_ALPHA as ALPHA
 from mxmoe.reference.activation import GPT_OSS_BETA as BETA
 from mxmoe.reference.activation import GPT_OSS_LIMIT as LIMIT
 from mxmoe.reference.activation import gated_activation
 
 GPT_OSS_CASE = make_case("gptoss20b", 1)  # only its swiglu (alpha, beta, limit) is read
+VLLM_LAYOUT = "interleaved"  # w13 rows as the GPT-OSS checkpoint has them, which vLLM keeps
+ADAPTER_LAYOUT = OaiTritonUnfused.declaration.w13_layout  # [gate; up], the adapter's
 
 
 def differ(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -181,15 +183,15 @@ def main() -> None:
     print(f"A. GEMM1 interleaved vs chunked, columns matched: {differ(g1_i[:, perm], g1_c)} of {g1_c.numel()} differ")
 
     act_v = vllm_act(g1_i)
-    act_a = adapter_activation(g1_i, "interleaved")
-    flips = act_v.view(torch.int16) != oracle_order(g1_i, "interleaved").view(torch.int16)
+    act_a = adapter_activation(g1_i, VLLM_LAYOUT)
+    flips = act_v.view(torch.int16) != oracle_order(g1_i, VLLM_LAYOUT).view(torch.int16)
     mags = act_v[flips].float().abs()
     small = int((mags < 0.01).sum())
     print(f"B. activation, vLLM's op vs the adapter's: {differ(act_v, act_a)} of {flips.numel()} differ; "
           f"vs the oracle's order: {int(flips.sum())} ({small} with |a| < 0.01, largest "
           f"{mags.max().item() if mags.numel() else 0:.4g})")  # fmt: skip
 
-    rows_v, rows_a = gemm2(rv, act_v), gemm2(rv, oracle_order(g1_i, "interleaved"))
+    rows_v, rows_a = gemm2(rv, act_v), gemm2(rv, oracle_order(g1_i, VLLM_LAYOUT))
     moved = (rows_v.view(torch.int16) != rows_a.view(torch.int16)).any(dim=2)
     print(f"C. GEMM2 rows on each activation: {differ(rows_v, rows_a)} of {rows_v.numel()} elements differ, "
           f"in {int(moved.sum())} (token, slot) rows")  # fmt: skip
@@ -204,7 +206,7 @@ def main() -> None:
           f"first half + second half {differ(seq, pairwise)}, slots reversed {differ(seq, backwards)}")  # fmt: skip
 
     out_v = vllm_sum(gemm2(rv, vllm_act(g1_i)))
-    out_a = adapter_sum(gemm2(ra, adapter_activation(g1_c, "chunked")))
+    out_a = adapter_sum(gemm2(ra, adapter_activation(g1_c, ADAPTER_LAYOUT)))
     bad = out_v.view(torch.int16) != out_a.view(torch.int16)
     chunked_as_interleaved = torch.stack([g1_c[:, :N], g1_c[:, N:]], dim=-1).reshape(T * K, 2 * N)
     out_av = adapter_sum(gemm2(ra, vllm_act(chunked_as_interleaved)))

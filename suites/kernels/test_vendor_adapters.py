@@ -8,6 +8,7 @@ ran them). What needs a GPU ran on the H200 (issue 6 note)."""
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 import zipfile
@@ -679,3 +680,20 @@ def test_a_routing_vllm_lacks_is_a_skip_naming_it_never_an_error(driver, monkeyp
         f"{driver} cannot run this case: vLLM 0.33.0's RoutingMethodType has no TopKSigmoid member (it has "
         f"{', '.join(VLLM_0_33_0_ROUTING)}), so vLLM's layer cannot express routing method TopKSigmoid"
     )
+
+
+def test_triton_unfused_cross_tool_layouts() -> None:
+    """The standalone cross tool's torch side, on any host: the layouts it names are the project's,
+    and the adapter's activation on [gate; up] rows equals it on the same rows interleaved, bit for
+    bit, where the oracle's order may differ only by rounding. A misspelt layout there once crashed
+    the tool on the H200 after vLLM's GEMMs had run, so only a GPU would have found it."""
+    tool = runpy.run_path(str(ROOT / "tools" / "triton_unfused_cross.py"))
+    n = 32
+    gen = torch.Generator().manual_seed(0)
+    chunked = (torch.randn(64, 2 * n, generator=gen) * 4).to(torch.bfloat16)
+    interleaved = torch.stack([chunked[:, :n], chunked[:, n:]], dim=-1).reshape(64, 2 * n)
+    adapter = tool["adapter_activation"](chunked, tool["ADAPTER_LAYOUT"])
+    vllm_rows = tool["adapter_activation"](interleaved, tool["VLLM_LAYOUT"])
+    assert torch.equal(adapter.view(torch.int16), vllm_rows.view(torch.int16))
+    oracle = tool["oracle_order"](interleaved, tool["VLLM_LAYOUT"]).float()
+    assert torch.allclose(oracle, adapter.float(), rtol=2**-7, atol=2**-20)
