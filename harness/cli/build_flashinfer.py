@@ -15,6 +15,11 @@ def _cmd_build_flashinfer(args: argparse.Namespace) -> int:
         raise UsageError(f"flashinfer-python is not installed ({exc}): the subset is built from its sources") from None
     from mxmoe.harness.upstream import flashinfer_sm90 as fs
 
+    if args.if_missing and (made := fs.built_record()) is not None:
+        # A build carried in from another machine (the same FlashInfer release) is reused: FlashInfer's
+        # installation comes after the set-up's probe, so only here can the set-up learn it is there.
+        print(f"{fs.SUBSET_NAME}: built already for flashinfer {made['flashinfer']}, at {fs.module_path()}")
+        return 0
     print(f"building {fs.SUBSET_NAME} from flashinfer {flashinfer.__version__} into {fs.build_root()} ...", flush=True)
     try:
         record = fs.build(jobs=args.jobs)
@@ -44,5 +49,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="build FlashInfer's SM90 CUTLASS MoE for bf16 x MXFP4 only (a tenth of fused_moe_90) into the cache",
     )
     p.add_argument("--jobs", type=positive(int), help="parallel compiles (default: every core)")
+    p.add_argument("--if-missing", action="store_true",
+                   help="do nothing where a module is built already for the installed FlashInfer")
     p.add_argument("--json", metavar="FILE", help="also write the build record (time, size, recipe) here")
     p.set_defaults(fn=_cmd_build_flashinfer, parser=p)

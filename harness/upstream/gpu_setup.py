@@ -162,7 +162,7 @@ def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path]
         Step("flashinfer-sm90-subset", "the bf16 x MXFP4 subset of FlashInfer's SM90 MoE module (about 4 minutes "
              "at 16 cores, once per FlashInfer release)",
              ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
-             (_harness("build-flashinfer"),),
+             (_harness("build-flashinfer", "--if-missing"),),
              "only Hopper's module is built by the project" if arch != "sm90"
              else "built already for this FlashInfer" if host.subset else None),
         Step("vllm-runtime", f"vLLM {NEWEST_VLLM}'s carryable runtime (its Python and 26 pinned packages, 25 MiB)",
