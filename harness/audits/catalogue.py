@@ -33,7 +33,10 @@ from mxmoe.harness.judge.bounds import reference_and_bound
 from mxmoe.harness.judge.engine import harness_error, peer_verdicts, run_case
 from mxmoe.harness.run.registry import load_spec
 
-BAD_VERDICTS = ("MISSED", "FALSE ALARM", "NOT RUN", "HARNESS ERROR")
+UNPATCHED_FAILS = "FAILS UNPATCHED"
+"""A vendor matrix's control verdict where the vendor's unpatched kernel FAILs or ERRORs on a case
+(``harness.audits.mutation.patched.VRow``): a finding about the vendor or a false alarm, not told apart."""
+BAD_VERDICTS = ("MISSED", "FALSE ALARM", UNPATCHED_FAILS, "NOT RUN", "HARNESS ERROR")
 """Row verdicts that mean the catalogue did not show what it is for (``Row.verdict``)."""
 PEER_RULES = ("vllm_80pct_0p3", "triton_kernels")
 """The peers' acceptance rules the matrix compares with (``engine.peer_verdicts``)."""

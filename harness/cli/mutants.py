@@ -92,6 +92,7 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
 
 def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
     """``mutants --vendor V``: the vendor's patched kernels through its adapters (harness.audits.mutation)."""
+    from mxmoe.harness.audits.catalogue import UNPATCHED_FAILS
     from mxmoe.harness.audits.mutation.patched import PEER_RULES, run_vendor, vendor
     from mxmoe.harness.run.results import stamp
 
@@ -140,7 +141,7 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
         " triton_kernels: the same runs under those"
         " peers' rules"
     )
-    bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", "FALSE ALARM")]
+    bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", UNPATCHED_FAILS)]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(

@@ -51,4 +51,4 @@ def test_a_row_that_ran_nothing_or_met_a_harness_error_shows_nothing():
     errored = Row("mutant-x", "a fault", None, "mutant", runs=2, harness_errors=1)
     assert errored.verdict == "HARNESS ERROR" and not errored.caught
     assert Row("mutant-x", "a fault", None, "mutant", runs=2, fails=1).verdict == "caught"
-    assert {"NOT RUN", "HARNESS ERROR", "MISSED", "FALSE ALARM"} == set(BAD_VERDICTS)
+    assert {"NOT RUN", "HARNESS ERROR", "MISSED", "FALSE ALARM", "FAILS UNPATCHED"} == set(BAD_VERDICTS)

@@ -179,7 +179,7 @@ def test_a_patch_is_material_only_where_it_changes_the_output():
     row = _rows(p, v, died, base)[0]
     assert (row.verdict, row.errors, row.failure) == ("caught", 1, "c1: the worker process died")
     control = _rows(None, v, [_rec("triton", "c1", "FAIL", "a", over_bound=3)], {})[0]
-    assert control.verdict == "FALSE ALARM"
+    assert control.verdict == "FAILS UNPATCHED"
 
 
 def test_a_change_is_material_where_alone_it_fails_the_tests(host_device):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mxmoe.harness.audits.catalogue import PEER_RULES, Row
+from mxmoe.harness.audits.catalogue import PEER_RULES, UNPATCHED_FAILS, Row
 from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Patch, PatchError, replace_line
 
 if TYPE_CHECKING:  # the worker imports this module before the vendor copy: nothing heavy up front
@@ -148,10 +148,14 @@ class VRow(Row):
 
     @property
     def verdict(self) -> str:
-        """caught / MISSED / below noise / no effect for patches, clean / FALSE ALARM for the
-        control. A patch is caught only where every case it changed materially FAILed or raised;
-        one that changed outputs only by less than honest rounding can show is below noise, not a
-        miss (no test at the stated false-alarm rate could see it there)."""
+        """caught / MISSED / below noise / no effect for patches, clean / FAILS UNPATCHED for the
+        control: the vendor's kernel as shipped failing is not by itself the harness's false alarm
+        (FlashInfer's SM90 race fails that way), and the row cannot tell which it is. A patch is
+        caught only where every case it changed materially FAILed or raised; one that changed
+        outputs only by less than honest rounding can show is below noise, not a miss (no test at
+        the stated false-alarm rate could see it there)."""
+        if self.kind == "control" and self.caught and not self.harness_errors:
+            return UNPATCHED_FAILS
         if self.kind == "immaterial" and not self.caught:
             return "no effect"
         if self.kind == "mutant" and not self.harness_errors and self.runs:
