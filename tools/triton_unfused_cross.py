@@ -183,17 +183,17 @@ def main() -> None:
     print(f"A. GEMM1 interleaved vs chunked, columns matched: {differ(g1_i[:, perm], g1_c)} of {g1_c.numel()} differ")
 
     act_v = vllm_act(g1_i)
-    act_a = adapter_activation(g1_i, VLLM_LAYOUT)
-    flips = act_v.view(torch.int16) != oracle_order(g1_i, VLLM_LAYOUT).view(torch.int16)
+    act_a, act_o = adapter_activation(g1_i, VLLM_LAYOUT), oracle_order(g1_i, VLLM_LAYOUT)
+    flips = act_v.view(torch.int16) != act_o.view(torch.int16)
     mags = act_v[flips].float().abs()
     small = int((mags < 0.01).sum())
     print(f"B. activation, vLLM's op vs the adapter's: {differ(act_v, act_a)} of {flips.numel()} differ; "
           f"vs the oracle's order: {int(flips.sum())} ({small} with |a| < 0.01, largest "
           f"{mags.max().item() if mags.numel() else 0:.4g})")  # fmt: skip
 
-    rows_v, rows_a = gemm2(rv, act_v), gemm2(rv, oracle_order(g1_i, VLLM_LAYOUT))
-    moved = (rows_v.view(torch.int16) != rows_a.view(torch.int16)).any(dim=2)
-    print(f"C. GEMM2 rows on each activation: {differ(rows_v, rows_a)} of {rows_v.numel()} elements differ, "
+    rows_v, rows_o = gemm2(rv, act_v), gemm2(rv, act_o)
+    moved = (rows_v.view(torch.int16) != rows_o.view(torch.int16)).any(dim=2)
+    print(f"C. GEMM2 rows on each activation: {differ(rows_v, rows_o)} of {rows_v.numel()} elements differ, "
           f"in {int(moved.sum())} (token, slot) rows")  # fmt: skip
 
     seq = vllm_sum(rows_v)

@@ -138,8 +138,7 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
         "\nthe change alone (patched less unpatched output) FAILs the same tests, i.e. is more than honest rounding"
         "\ncould be (a raise counts): caught only where every one of them FAILs, below noise where none is;"
         "\nby z only: FAILs with every element within the bound (harness.judge.systematic); vLLM 80%/0.3,"
-        " triton_kernels: the same runs under those"
-        " peers' rules"
+        " triton_kernels: the same runs under those peers' rules"
     )
     bad = [f"{r.id} ({r.backend})" for r in rows if r.verdict in ("MISSED", UNPATCHED_FAILS)]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
