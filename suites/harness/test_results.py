@@ -59,6 +59,27 @@ def test_records_are_appended_as_they_happen(tmp_path, honest):
     assert r["timestamp"].endswith("+00:00")
 
 
+def test_a_batch_is_written_as_single_records_are(tmp_path, honest, wrong):
+    """``record_many`` (a sweep's SKIPs decided without a worker) writes each line as ``record``
+    does, and the declaration and case it makes plain once per object stay each record's own."""
+    done = [run_case(loaded.backend, make_case("tiny", t), ARCH)[0] for loaded in (honest, wrong) for t in (1, 3)]
+    loaded = [honest, honest, wrong, wrong]
+    one, many = Recorder(tmp_path / "one"), Recorder(tmp_path / "many")
+    for result, item in zip(done, loaded):
+        one.record(result, item)
+    many.record_many([(result, item, None) for result, item in zip(done, loaded)])
+    assert len(many.path.read_text().splitlines()) == 4
+
+    def strip(r: dict) -> dict:
+        return {k: v for k, v in r.items() if k != "timestamp"}
+
+    a, b = read_results(tmp_path / "one"), read_results(tmp_path / "many")
+    assert [strip(r) for r in a] == [strip(r) for r in b]
+    assert [r["case"]["tokens"] for r in b] == [1, 3, 1, 3]
+    ids = [honest.backend.declaration.id, wrong.backend.declaration.id]
+    assert [r["declaration"]["id"] for r in b] == [ids[0], ids[0], ids[1], ids[1]] and ids[0] != ids[1]
+
+
 _WRITER = """
 import sys
 from mxmoe.harness.contract.cases import make_case
