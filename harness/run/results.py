@@ -147,6 +147,8 @@ class Recorder:
         return hit[1], hit[2]
 
     def _line(self, result: Result, loaded: Loaded, repro: str | Path | None) -> tuple[dict[str, object], str]:
+        case, case_json = self._ready(result.case, Case.to_dict)
+        declaration, declaration_json = self._ready(loaded.backend.declaration, declaration_to_dict)
         rec = {
             "schema": SCHEMA,
             "test_id": result.test_id,
@@ -159,7 +161,7 @@ class Recorder:
             "diagnosis": result.diagnosis,
             "build": result.build,
             "case_id": result.case.id,
-            "case": None,  # below, made plain once per case
+            "case": case,
             "metrics": result.metrics.to_dict(),
             "traceback": result.traceback,
             "seconds": result.seconds,
@@ -167,14 +169,12 @@ class Recorder:
             "device_peak_gib": result.device_peak_gib,
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "host": host_fingerprint(),
-            "declaration": loaded.backend.declaration,
+            "declaration": declaration,
             "repro": None if repro is None else str(repro),
         }
-        frozen = {"case": self._ready(result.case, Case.to_dict),
-                  "declaration": self._ready(loaded.backend.declaration, declaration_to_dict)}  # fmt: skip
-        plain = {k: frozen[k][1] if k in frozen else finite_json(_plain(v)) for k, v in rec.items()}
-        rec["case"], rec["declaration"] = frozen["case"][0], frozen["declaration"][0]
-        return rec, json.dumps(plain, allow_nan=False) + "\n"
+        ready = {"case": case_json, "declaration": declaration_json}
+        line = {k: ready[k] if k in ready else finite_json(_plain(v)) for k, v in rec.items()}
+        return rec, json.dumps(line, allow_nan=False) + "\n"
 
     def _append(self, text: str) -> None:
         # One write of whole lines to a file only this process appends to; fsync so that a crash of

@@ -343,6 +343,9 @@ class Sweep:
 
     def _finish(self, verdict: Verdict) -> None:
         self.recorder.record(verdict.result, verdict.loaded, verdict.repro)
+        self._recorded(verdict)
+
+    def _recorded(self, verdict: Verdict) -> None:
         self.verdicts.append(verdict)
         if self.on_verdict:
             self.on_verdict(verdict)
@@ -356,9 +359,7 @@ class Sweep:
             done.append(Verdict(result, loaded, _repro_or_note(self.recorder.directory, result, loaded, inputs)))
         self.recorder.record_many([(v.result, v.loaded, v.repro) for v in done])
         for verdict in done:
-            self.verdicts.append(verdict)
-            if self.on_verdict:
-                self.on_verdict(verdict)
+            self._recorded(verdict)
 
     def _decided_here(self, loaded: Loaded, case: Case, arch: str) -> bool:
         """Whether run_case would SKIP before loading the backend (cheap, no worker needed)."""
