@@ -103,10 +103,20 @@ DEVICE_SHARE = 0.9
 """The part of a GPU's free memory (when a sweep starts) its cases may hold at once: the rest is
 for what runs beside a sign-off's kernel check (the fault catalogue, the padding audit, GPQA's
 tiny model) and each worker's CUDA context, which no allocator counts."""
+PEAK_MARGIN = 1.25
+"""Over the largest device memory a sweep's tests of one layer size were seen to take
+(``device_peak_gib``, torch's allocated peak), what its later cases of that size are admitted with
+where that is more than ``case_gpu_gib`` says (``sweep._Needs``): the allocator's cached blocks and
+fragmentation on top of what it counts as allocated."""
 WORKER_CPUS = 4
 """Host cores a GPU check worker is given, for ``auto_workers``: it draws on the GPU but runs its
 backends' Python, its guards, Triton's compilations and its result on the host, and a worker
 starved of cores stalls its GPU share."""
+
+
+def _of_gptoss120b(case: Case) -> float:
+    """The case's weight elements as a fraction of gpt-oss-120b's, the layer the GiB above are for."""
+    return case.weight_elements / make_case("gptoss120b", 1).weight_elements
 
 
 def case_gpu_gib(case: Case) -> float:
@@ -115,7 +125,17 @@ def case_gpu_gib(case: Case) -> float:
     Memory at these shapes goes with the weights (their draws, copies, conversions, and the
     oracle's and the systematic test's batches sized by them); tokens add little. A case larger
     than a GPU's share runs there alone."""
-    return max(1.0, WORKER_GPU_GIB * case.weight_elements / make_case("gptoss120b", 1).weight_elements)
+    return max(1.0, WORKER_GPU_GIB * _of_gptoss120b(case))
+
+
+def converted_gpu_gib(case: Case) -> float:
+    """Device memory (GiB) a worker keeps its layer's converted weights in while on ``case``
+    (``sweep._Converted``): the part of ``case_gpu_gib`` that ``CONVERTED_GPU_GIB`` is of
+    ``WORKER_GPU_GIB``, at most ``CONVERTED_GPU_GIB`` (12 GiB at gpt-oss-120b, 3 at -20b, 0.2 for
+    the small layers), so that what a worker keeps stays inside what its case was admitted with.
+    At a fixed 12 GiB instead, a worker on a gpt-oss-20b case could keep 12 GiB of conversions
+    (with every tactic, an H200 converts each 20b layer 38 times) where its admission counted 3."""
+    return min(CONVERTED_GPU_GIB, case_gpu_gib(case) * CONVERTED_GPU_GIB / WORKER_GPU_GIB)
 
 
 def gpu_share_gib() -> float | None:

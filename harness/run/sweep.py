@@ -28,7 +28,7 @@ from typing import TextIO
 
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
-from mxmoe.harness.contract.platforms import CONVERTED_GPU_GIB, case_gpu_gib, device_for, host_arch
+from mxmoe.harness.contract.platforms import PEAK_MARGIN, case_gpu_gib, converted_gpu_gib, device_for, host_arch
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
 from mxmoe.harness.run.registry import Loaded, load_spec
@@ -103,12 +103,16 @@ class _Converted:
     the same bytes for every token count. The case that converts is judged with every guard (a
     kernel that writes into its weights is caught there: the engine compares every input bit for
     bit), and a backend whose check raised, declined or modified its inputs loses what it kept.
-    Kept within ``budget`` bytes of device memory, measured around each conversion
-    (``torch.cuda.memory_allocated``, hence on CUDA only); one that does not fit evicts the oldest
-    layers' conversions, never its own layer's (every backend of a case converts in the same order
-    at each case: evicting one to keep the next would convert them all at every case)."""
+    Only the current layer's are kept (``keep_layer``: the sweep hands a worker a layer's cases one
+    after another, and memory a worker holds for a layer it has left is memory no admission counts),
+    within ``budget`` bytes of device memory, measured around each conversion
+    (``torch.cuda.memory_allocated``, hence on CUDA only); one that does not fit is not kept (every
+    backend of a case converts in the same order at each case: evicting one to keep the next would
+    convert them all at every case)."""
 
-    budget: int = CONVERTED_GPU_GIB << 30
+    budget: int | None = None
+    """Bytes kept per layer; None: ``platforms.converted_gpu_gib`` of the layer's case, inside the
+    memory the sweep admitted the case with."""
     kept: dict[tuple[str, Case], tuple[object, int]] = field(default_factory=dict)
     """(backend spec, conversion key) -> (converted weights, their bytes), oldest first."""
     meter: Callable[[object], int | None] | None = None
@@ -129,18 +133,21 @@ class _Converted:
             ready = loaded.backend.convert(inputs)
             after = meter(inputs.x.device)
             if before is not None and after is not None:
-                self._keep(key, ready, max(0, after - before))
+                budget = int(converted_gpu_gib(case) * (1 << 30)) if self.budget is None else self.budget
+                self._keep(key, ready, max(0, after - before), budget)
             return ready
 
         return convert
 
-    def _keep(self, key: tuple[str, Case], ready: object, size: int) -> None:
-        held = sum(b for _, b in self.kept.values())
-        for old in [k for k in self.kept if k[1] != key[1]]:  # oldest first, never this layer's
-            if held + size <= self.budget:
-                break
-            held -= self.kept.pop(old)[1]
-        if held + size <= self.budget:
+    def keep_layer(self, layer: Case) -> None:
+        """Forget what was converted for any layer but ``layer`` (a ``Case.conversion_key``): the
+        worker has moved on to a case of ``layer``."""
+        for key in [k for k in self.kept if k[1] != layer]:
+            del self.kept[key]
+
+    def _keep(self, key: tuple[str, Case], ready: object, size: int, budget: int) -> None:
+        self.keep_layer(key[1])
+        if sum(b for _, b in self.kept.values()) + size <= budget:
             self.kept[key] = (ready, size)
 
     def drop(self, spec: str) -> None:
@@ -225,8 +232,10 @@ def worker_main(
         case = Case.from_dict(case_dict)
         if case.id != case_id and torch.cuda.is_available():
             # The last case's tensors go, and the allocator's cache with them: what a gpt-oss-120b
-            # case held (tens of GiB) is then free for the other workers on this GPU.
+            # case held (tens of GiB) is then free for the other workers on this GPU; so do the
+            # conversions of a layer this worker has left.
             _SHARED.clear()
+            _CONVERTED.keep_layer(case.conversion_key)
             torch.cuda.empty_cache()
         case_id = case.id
         loaded = cache.get(spec)
@@ -242,6 +251,28 @@ def worker_main(
         repro = _repro_or_note(directory, result, loaded, inputs)
         result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
         conn.send(("done", index, result, None if repro is None else str(repro)))
+
+
+@dataclass
+class _Needs:
+    """Device memory (GiB) the sweep admits a case with: ``platforms.case_gpu_gib``, an estimate
+    from the case's weights, or ``PEAK_MARGIN`` times the largest peak a test on weights of the same
+    size has recorded so far in this sweep where that is more. The estimate scales one measured
+    layer by weights alone; what a test takes also goes with its tokens and its backends, and a case admitted
+    under what it takes runs out of memory beside the others and is run again at the end, alone.
+    The sweep starts each layer's costliest cases first, so what they took is known before most of
+    the layer's cases are admitted."""
+
+    peaks: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def __call__(self, case: Case) -> float:
+        return max(case_gpu_gib(case), PEAK_MARGIN * self.peaks.get((case.model, case.weight_elements), 0.0))
+
+    def saw(self, result: Result) -> None:
+        """Learn from a finished test (a run out of memory too: it took at least its peak)."""
+        if result.device_peak_gib:
+            key = (result.case.model, result.case.weight_elements)
+            self.peaks[key] = max(self.peaks.get(key, 0.0), result.device_peak_gib)
 
 
 @dataclass
@@ -288,6 +319,9 @@ class Progress:
         self.tty = self.stream.isatty()
         self.every = every
         self.counts: Counter[str] = Counter()
+        self.rerun = 0
+        """Tests that ran out of GPU memory beside other workers so far, to run again alone at the
+        end (``Sweep.on_rerun``): shown, so that a sweep's slow tail is explained while it runs."""
         self.last = time.monotonic()
         self.start = self.last
         self.printed = ""
@@ -295,6 +329,8 @@ class Progress:
     def line(self) -> str:
         done = sum(self.counts.values())
         parts = ", ".join(f"{self.counts[o]} {o}" for o in OUTCOMES if self.counts[o])
+        if self.rerun:
+            parts += f"; {self.rerun} out of memory beside others, run again alone at the end"
         return f"check: {done}/{self.total} done ({parts or 'none yet'}) in {time.monotonic() - self.start:.0f} s"
 
     def add(self, outcome: str) -> None:
@@ -336,6 +372,9 @@ class Sweep:
     CPU) admits every case."""
     gpus: int = 1
     """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
+    on_rerun: Callable[[int], None] | None = None
+    """Told how many tests so far ran out of GPU memory beside other workers (each run again at
+    the end, one worker alone)."""
     verdicts: list[Verdict] = field(default_factory=list)
     times: Counter[str] = field(default_factory=Counter)
     """Where the workers' time went, in worker-seconds (``TIMES``), with ``wall`` the sweep's own:
@@ -385,8 +424,10 @@ class Sweep:
         slots = [_Slot(index=i, gpu=i % max(1, self.gpus)) for i in range(min(self.workers, len(queue)))]
         began = time.monotonic()
 
+        needs = _Needs()
+
         def need(group: list[int]) -> float:
-            return case_gpu_gib(pairs[group[0]][1])
+            return needs(pairs[group[0]][1])
 
         def admit(slot: _Slot) -> int | None:
             """Where in the queue the idle ``slot`` takes its next case: the first whose memory fits
@@ -523,9 +564,12 @@ class Sweep:
                                         _, index, result, repro = message
                                         slot.task = None
                                         self.times["tests"] += time.monotonic() - slot.started
+                                        needs.saw(result)
                                         if len(slots) > 1 and index not in retried and out_of_memory(result):
                                             retried.add(index)  # beside other workers: again, alone
                                             _forget_repro(repro)  # the rerun's verdict makes its own
+                                            if self.on_rerun:
+                                                self.on_rerun(len(retried))
                                             continue
                                         self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
                             except (EOFError, OSError):

@@ -272,6 +272,9 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
         # once out of memory beside the other worker, then the check's two runs, alone
         assert sorted(ran) == sorted(cases * 3)
         assert f"check: {len(cases)} test(s) ran out of GPU memory beside other workers" in proc.stderr
+        last = [line for line in proc.stderr.splitlines() if " done (" in line][-1]
+        assert last.endswith(f"; {len(cases)} out of memory beside others, run again alone at the end) in "
+                             + last.rsplit(" in ", 1)[1]), last  # fmt: skip
         # the first attempt's reproducer is not left beside a verdict that has none
         assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
 
@@ -279,7 +282,8 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
 def test_a_per_layer_conversion_is_kept_across_the_layers_cases_and_changes_no_verdict(monkeypatch):
     """A backend that ``converts_per_layer`` converts once for a layer's cases in a worker (here on
     a CPU, its bytes measured by a stand-in meter), each verdict and number that of the case checked
-    alone; another layer converts again, and a full budget keeps nothing new."""
+    alone; another layer converts again and replaces what was kept (a worker holds no layer it has
+    left), and a full budget keeps nothing new."""
     from mxmoe.harness.contract.cases import make_case
     from mxmoe.harness.run import sweep
 
@@ -298,7 +302,7 @@ def test_a_per_layer_conversion_is_kept_across_the_layers_cases_and_changes_no_v
         assert result.outcome == alone.outcome == "PASS", result.reason
         assert vars(result.metrics) == vars(alone.metrics)
     assert cls.conversions == 3 + len(layer + other)  # 3 layers in the sweep, and every check alone
-    assert len(kept.kept) == 3
+    assert [key[1] for key in kept.kept] == [other[-1].conversion_key]  # the last layer's only
     ticks = iter(range(1 << 20))
     full = sweep._Converted(budget=0, meter=lambda device: next(ticks))  # each conversion 1 byte: none fits
     monkeypatch.setattr(sweep, "_CONVERTED", full)
@@ -325,6 +329,33 @@ def test_a_kept_conversion_of_a_backend_that_writes_into_its_inputs_is_dropped(m
         assert result.outcome == "FAIL" and result.inputs_modified == ["w2_scales"], result.reason
         assert not kept.kept
     assert cls.conversions == 2
+
+
+def test_a_case_is_admitted_with_what_tests_on_its_weights_took_where_that_is_more():
+    """``case_gpu_gib`` is an estimate from the weights; once a test on weights of the same size
+    records a larger peak (``device_peak_gib``), later cases of that size are admitted with
+    ``PEAK_MARGIN`` times it, and a smaller peak or another size changes nothing."""
+    from mxmoe.harness.contract import platforms
+    from mxmoe.harness.contract.cases import Case, make_case
+    from mxmoe.harness.judge.engine import Result
+    from mxmoe.harness.run import sweep
+
+    needs = sweep._Needs()
+    big, other, small = make_case("gptoss20b", 4096), make_case("gptoss20b", 1), make_case("tiny", 8)
+    estimate = platforms.case_gpu_gib(big)
+    assert needs(big) == needs(other) == estimate and needs(small) == 1.0
+
+    def seen(case: Case, peak: float | None, outcome: str = "PASS") -> None:
+        result = Result(f"x-{case.id}", "x", ARCH, case, outcome)
+        result.device_peak_gib = peak
+        needs.saw(result)
+
+    seen(big, estimate / 2)
+    seen(small, None)  # a CPU records none
+    assert needs(big) == estimate and needs(small) == 1.0
+    seen(big, 20.0, "ERROR")  # ran out of memory after taking 20 GiB: it needs at least that
+    assert needs(other) == needs(big) == pytest.approx(platforms.PEAK_MARGIN * 20.0) and needs(big) > estimate
+    assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
 
 
 def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monkeypatch):
