@@ -501,19 +501,23 @@ class Sweep:
             stop(slot)
 
         # Tests that ran out of GPU memory beside other workers: run again at the end, one worker
-        # alone, so that only a test that runs out of memory by itself is an ERROR.
+        # alone on its GPU, so that only a test that runs out of memory by itself is an ERROR.
         retried: set[int] = set()
         try:
             for alone in (False, True):
                 if alone:
                     if not retried:
                         break
-                    for slot in slots[1:]:
+                    # one worker per GPU (slot i is pinned to GPU i modulo their number), each alone
+                    # on its own: a multi-GPU host reruns them on all its GPUs, not on one
+                    kept = max(1, min(self.gpus, len(slots)))
+                    for slot in slots[kept:]:
                         retire(slot)
-                    slots = slots[:1]
+                    slots = slots[:kept]
                     queue.extend([i] for i in sorted(retried))
+                    where = "one worker alone" if kept == 1 else f"one worker alone on each of {kept} GPUs"
                     print(f"check: {len(retried)} test(s) ran out of GPU memory beside other workers; "
-                          "running them again, one worker alone", file=sys.stderr, flush=True)  # fmt: skip
+                          f"running them again, {where}", file=sys.stderr, flush=True)  # fmt: skip
                 while queue or decided or any(s.task is not None or s.group for s in slots):
                     for slot in slots:
                         if slot.task is None and (slot.group or queue):

@@ -279,6 +279,32 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
         assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
 
 
+def test_on_several_gpus_the_tests_out_of_memory_run_again_on_each_gpu_alone(tmp_path, monkeypatch):
+    """With 4 workers on 2 GPUs, the reruns at the end keep one worker per GPU (workers 0 and 1,
+    pinned to GPUs 0 and 1), each alone on its own, instead of one worker for the whole host. The
+    workers' processes are a CPU's here; the GPUs are the sweep's pinning, stood in."""
+    import os
+
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    oom = tmp_path / "oom"
+    oom.mkdir()
+    monkeypatch.setenv("MXMOE_TEST_OOM_DIR", str(oom))
+    once = load_spec(f"{HERE.parent / 'faulty_backends.py'}:OutOfMemoryOnce")
+    # cases with tokens: one without any never calls the kernel, so never runs out of memory
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:4]
+    run = sweep.Sweep(Recorder(tmp_path / "r"), workers=4, gpus=2)
+    verdicts = run.run([(once, c) for c in cases], ARCH)
+    assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
+    ran = [line.split() for line in (oom / "ran.txt").read_text().splitlines()]
+    first, again = ran[: len(cases)], ran[len(cases) :]  # out of memory once, then the check's two runs
+    assert sorted(c for c, _ in first) == sorted(c.id for c in cases)
+    assert sorted(c for c, _ in again) == sorted(c.id for c in cases * 2)
+    assert len({pid for _, pid in first}) > 1 and len({pid for _, pid in again}) == 2, ran
+    assert os.environ["MXMOE_TEST_OOM_DIR"] == str(oom)
+
+
 def test_a_per_layer_conversion_is_kept_across_the_layers_cases_and_changes_no_verdict(monkeypatch):
     """A backend that ``converts_per_layer`` converts once for a layer's cases in a worker (here on
     a CPU, its bytes measured by a stand-in meter), each verdict and number that of the case checked
