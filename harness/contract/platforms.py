@@ -114,18 +114,13 @@ backends' Python, its guards, Triton's compilations and its result on the host, 
 starved of cores stalls its GPU share."""
 
 
-def _of_gptoss120b(case: Case) -> float:
-    """The case's weight elements as a fraction of gpt-oss-120b's, the layer the GiB above are for."""
-    return case.weight_elements / make_case("gptoss120b", 1).weight_elements
-
-
 def case_gpu_gib(case: Case) -> float:
     """Device memory one case's check may hold (GiB), for a sweep's admission of cases onto a GPU:
     ``WORKER_GPU_GIB`` scaled by the case's weight elements against gpt-oss-120b's, at least 1.
     Memory at these shapes goes with the weights (their draws, copies, conversions, and the
     oracle's and the systematic test's batches sized by them); tokens add little. A case larger
     than a GPU's share runs there alone."""
-    return max(1.0, WORKER_GPU_GIB * _of_gptoss120b(case))
+    return max(1.0, WORKER_GPU_GIB * case.weight_elements / make_case("gptoss120b", 1).weight_elements)
 
 
 def converted_gpu_gib(case: Case) -> float:

@@ -256,12 +256,12 @@ def worker_main(
 @dataclass
 class _Needs:
     """Device memory (GiB) the sweep admits a case with: ``platforms.case_gpu_gib``, an estimate
-    from the case's weights, or ``PEAK_MARGIN`` times the largest peak a test on weights of the same
-    size has recorded so far in this sweep where that is more. The estimate scales one measured
-    layer by weights alone; what a test takes also goes with its tokens and its backends, and a case admitted
-    under what it takes runs out of memory beside the others and is run again at the end, alone.
-    The sweep starts each layer's costliest cases first, so what they took is known before most of
-    the layer's cases are admitted."""
+    from the case's weights, or ``PEAK_MARGIN`` times the largest peak a test of the same model on
+    weights of the same size (a shard's are smaller) has recorded so far in this sweep, where that
+    is more. The estimate scales one measured layer by weights alone; what a test takes also goes
+    with its tokens and its backends, and a case admitted under what it takes runs out of memory
+    beside the others and is run again at the end, alone. The sweep starts each layer's costliest
+    cases first, so what they took is known before most of the layer's cases are admitted."""
 
     peaks: dict[tuple[str, int], float] = field(default_factory=dict)
 
