@@ -75,7 +75,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     progress = Progress(len(pairs))
     sweep = Sweep(
         recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
-        diagnose=summarize, gpu_gib=share, gpus=gpus, on_rerun=lambda n: setattr(progress, "rerun", n),
+        diagnose=summarize, gpu_gib=share, gpus=gpus, on_memory=progress.memory,
     )  # fmt: skip
     try:
         verdicts = sweep.run(pairs, arch)

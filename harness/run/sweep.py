@@ -150,6 +150,10 @@ class _Converted:
         if sum(b for _, b in self.kept.values()) + size <= budget:
             self.kept[key] = (ready, size)
 
+    def clear(self) -> None:
+        """Forget every layer's conversions (the worker is idle between cases: ``RELEASE``)."""
+        self.kept.clear()
+
     def drop(self, spec: str) -> None:
         """Forget what backend ``spec`` kept (its check raised, declined or wrote into its inputs)."""
         for key in [k for k in self.kept if k[0] == spec]:
@@ -207,10 +211,11 @@ def worker_main(
     conn: Connection, results_dir: str, threads: int, slot: int = 0, diagnose: Diagnose | None = None
 ) -> None:
     """A worker's loop: receive ``(index, spec, case dict, arch)``, answer ``("begin", index)`` at
-    once and ``("done", index, Result, repro path)`` at the end; ``None`` ends it. Backends are
-    loaded once per spec and kept. Worker ``slot`` is pinned to GPU ``slot`` modulo their number
-    (``platforms.pin_gpu``); its replacement after a crash takes the same GPU. ``diagnose`` (a
-    module-level function, so that it crosses the process boundary) diagnoses each FAIL."""
+    once and ``("done", index, Result, repro path)`` at the end; ``RELEASE`` frees what it holds of
+    its last case, ``None`` ends it. Backends are loaded once per spec and kept. Worker ``slot`` is
+    pinned to GPU ``slot`` modulo their number (``platforms.pin_gpu``); its replacement after a
+    crash takes the same GPU. ``diagnose`` (a module-level function, so that it crosses the process
+    boundary) diagnoses each FAIL."""
     import torch
 
     from mxmoe.harness.contract.platforms import pin_gpu
@@ -227,6 +232,13 @@ def worker_main(
             return  # the parent is gone
         if task is None:
             return
+        if task == RELEASE:
+            _SHARED.clear()
+            _CONVERTED.clear()
+            case_id = None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
         index, spec, case_dict, arch = task
         conn.send(("begin", index))
         case = Case.from_dict(case_dict)
@@ -247,6 +259,8 @@ def worker_main(
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
         if torch.cuda.is_available():
             result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
+            if out_of_memory(result):
+                torch.cuda.empty_cache()  # what it had reserved goes back to its GPU's other workers now
         saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
         result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
@@ -257,22 +271,36 @@ def worker_main(
 class _Needs:
     """Device memory (GiB) the sweep admits a case with: ``platforms.case_gpu_gib``, an estimate
     from the case's weights, or ``PEAK_MARGIN`` times the largest peak a test of the same model on
-    weights of the same size (a shard's are smaller) has recorded so far in this sweep, where that
-    is more. The estimate scales one measured layer by weights alone; what a test takes also goes
-    with its tokens and its backends, and a case admitted under what it takes runs out of memory
-    beside the others and is run again at the end, alone. The sweep starts each layer's costliest
-    cases first, so what they took is known before most of the layer's cases are admitted."""
+    weights of the same size (a shard's are smaller) has recorded so far in this sweep, or what a
+    test of that size running out of memory beside other cases raised it to, whichever is most.
+    The estimate scales one measured layer by weights alone; what a test takes also goes with its
+    tokens and its backends. The sweep starts each layer's costliest cases first, so what they took
+    is known before most of the layer's cases are admitted; but a peak is learned only from a test
+    that finished, and the first cases of a size run on the estimate alone."""
 
     peaks: dict[tuple[str, int], float] = field(default_factory=dict)
+    raised: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Per model and weight size, twice the need a test of that size ran out of memory under
+    (``out_of_memory``)."""
 
     def __call__(self, case: Case) -> float:
-        return max(case_gpu_gib(case), PEAK_MARGIN * self.peaks.get((case.model, case.weight_elements), 0.0))
+        key = (case.model, case.weight_elements)
+        return max(case_gpu_gib(case), PEAK_MARGIN * self.peaks.get(key, 0.0), self.raised.get(key, 0.0))
 
     def saw(self, result: Result) -> None:
         """Learn from a finished test (a run out of memory too: it took at least its peak)."""
         if result.device_peak_gib:
             key = (result.case.model, result.case.weight_elements)
             self.peaks[key] = max(self.peaks.get(key, 0.0), result.device_peak_gib)
+
+    def out_of_memory(self, case: Case) -> float:
+        """A test on ``case`` ran out of memory beside other cases: the cases of its size are
+        admitted with twice what this one was from now on (how much more it needed is unknown: an
+        allocation failed; doubling reaches enough in a few steps, and a need over the GPU's share
+        runs only where its GPU has no other case). Returns the new need."""
+        key = (case.model, case.weight_elements)
+        self.raised[key] = 2 * self(case)
+        return self.raised[key]
 
 
 @dataclass
@@ -296,6 +324,8 @@ class _Slot:
     """When its worker was started, until its first test begins (start-up time)."""
     waiting: float | None = None
     """Since when it is idle with cases queued, none of which fits its GPU (held back)."""
+    released: bool = True
+    """Whether its worker was told to free its last case's memory (``RELEASE``) since its last test."""
 
 
 def _exit_text(code: int | None) -> str:
@@ -319,9 +349,11 @@ class Progress:
         self.tty = self.stream.isatty()
         self.every = every
         self.counts: Counter[str] = Counter()
-        self.rerun = 0
-        """Tests that ran out of GPU memory beside other workers so far, to run again alone at the
-        end (``Sweep.on_rerun``): shown, so that a sweep's slow tail is explained while it runs."""
+        self.out_of_memory = 0
+        """Times a test ran out of GPU memory beside other cases so far (``Sweep.on_memory``), and
+        ``alone`` the tests set aside to run again alone at the end: shown, so that a sweep's slow
+        stretches are explained while it runs."""
+        self.alone = 0
         self.last = time.monotonic()
         self.start = self.last
         self.printed = ""
@@ -329,12 +361,25 @@ class Progress:
     def line(self) -> str:
         done = sum(self.counts.values())
         parts = ", ".join(f"{self.counts[o]} {o}" for o in OUTCOMES if self.counts[o])
-        if self.rerun:
-            parts += f"; {self.rerun} out of memory beside others, run again alone at the end"
+        if self.out_of_memory:
+            parts += f"; out of memory beside others {self.out_of_memory} times"
+            if self.alone:
+                parts += f" ({self.alone} test{'s' * (self.alone != 1)} set aside to run alone at the end)"
         return f"check: {done}/{self.total} done ({parts or 'none yet'}) in {time.monotonic() - self.start:.0f} s"
 
     def add(self, outcome: str) -> None:
         self.counts[outcome] += 1
+        self.tick()
+
+    def memory(self, text: str, alone: bool) -> None:
+        """A test ran out of memory beside other cases (``Sweep.on_memory``): counted, and ``text``
+        (which test, what its GPU held, what happens to it) printed on a line of its own, so that a
+        sweep's log names the cases whose admission fell short."""
+        self.out_of_memory += 1
+        self.alone += alone
+        if self.tty:
+            self.stream.write("\r\033[K")
+        print(text, file=self.stream, flush=True)
         self.tick()
 
     def tick(self) -> None:
@@ -372,9 +417,10 @@ class Sweep:
     CPU) admits every case."""
     gpus: int = 1
     """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
-    on_rerun: Callable[[int], None] | None = None
-    """Told how many tests so far ran out of GPU memory beside other workers (each run again at
-    the end, one worker alone)."""
+    on_memory: Callable[[str, bool], None] | None = None
+    """Told of each test that ran out of GPU memory beside other workers: a line naming it, what
+    its GPU held and what follows, and whether it is set aside to run again alone at the end (the
+    second time) rather than put back in the queue with its case's need doubled (the first)."""
     verdicts: list[Verdict] = field(default_factory=list)
     times: Counter[str] = field(default_factory=Counter)
     """Where the workers' time went, in worker-seconds (``TIMES``), with ``wall`` the sweep's own:
@@ -500,9 +546,36 @@ class Sweep:
                     pass
             stop(slot)
 
-        # Tests that ran out of GPU memory beside other workers: run again at the end, one worker
-        # alone on its GPU, so that only a test that runs out of memory by itself is an ERROR.
+        # A test that ran out of GPU memory beside other workers says nothing of its backend. The
+        # first time, it goes back to the front of the queue with the rest of its case, which its
+        # worker leaves (each of them would convert its weights again and run out of memory in
+        # turn), and the cases of its size are admitted with twice the memory from then on; the
+        # second time, it runs again at the end, one worker alone on its GPU, so that only a test
+        # that runs out of memory by itself is an ERROR.
+        requeued: set[int] = set()
         retried: set[int] = set()
+
+        def out_of_memory_beside_others(slot: _Slot, index: int, result: Result) -> None:
+            case = pairs[index][1]
+            others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
+            held = sum(s.held for s in others)
+            before = slot.held
+            grown = needs.out_of_memory(case)
+            set_aside = index in requeued
+            (retried if set_aside else requeued).add(index)
+            rest = ([] if set_aside else [index]) + slot.group
+            if rest:
+                queue.insert(0, rest)
+            slot.group, slot.held = [], 0.0
+            text = f"check: {result.test_id} ran out of GPU memory beside {len(others)} other case(s) on GPU {slot.gpu}"
+            if self.gpu_gib is not None:
+                peak = "" if result.device_peak_gib is None else f", its peak {result.device_peak_gib:.1f} GiB"
+                text += (f" (they were admitted with {held:.1f} of {self.gpu_gib:.0f} GiB, its case with {before:.1f}"
+                         f"{peak}; its size's cases now with {grown:.1f})")  # fmt: skip
+            text += "; set aside to run again alone at the end" if set_aside else "; back in the queue, its case whole"
+            if self.on_memory:
+                self.on_memory(text, set_aside)
+
         try:
             for alone in (False, True):
                 if alone:
@@ -516,7 +589,7 @@ class Sweep:
                     slots = slots[:kept]
                     queue.extend([i] for i in sorted(retried))
                     where = "one worker alone" if kept == 1 else f"one worker alone on each of {kept} GPUs"
-                    print(f"check: {len(retried)} test(s) ran out of GPU memory beside other workers; "
+                    print(f"check: {len(retried)} test(s) ran out of GPU memory beside other workers twice; "
                           f"running them again, {where}", file=sys.stderr, flush=True)  # fmt: skip
                 while queue or decided or any(s.task is not None or s.group for s in slots):
                     for slot in slots:
@@ -538,6 +611,17 @@ class Sweep:
                             # not the backend's time.
                             slot.task, slot.started, slot.begun = index, time.monotonic(), False
                             slot.deadline = slot.started + self.timeout + STARTUP_GRACE
+                            slot.released = False
+                    for slot in slots:
+                        if slot.task is None and not slot.group and not slot.released and slot.conn is not None:
+                            # Idle between cases (held back for memory, or nothing left for it): what
+                            # its worker still holds of its last case (inputs, oracle, conversions,
+                            # the allocator's cache; tens of GiB at gpt-oss-120b) no admission counts.
+                            slot.released = True
+                            try:
+                                slot.conn.send(RELEASE)
+                            except (BrokenPipeError, OSError):
+                                stop(slot)  # the idle worker had died: started again with its next case
                     if not queue:  # nothing left to hold back for
                         for slot in slots:
                             stop_waiting(slot)
@@ -570,10 +654,8 @@ class Sweep:
                                         self.times["tests"] += time.monotonic() - slot.started
                                         needs.saw(result)
                                         if len(slots) > 1 and index not in retried and out_of_memory(result):
-                                            retried.add(index)  # beside other workers: again, alone
                                             _forget_repro(repro)  # the rerun's verdict makes its own
-                                            if self.on_rerun:
-                                                self.on_rerun(len(retried))
+                                            out_of_memory_beside_others(slot, index, result)
                                             continue
                                         self._finish(Verdict(result, pairs[index][0], repro and Path(repro)))
                             except (EOFError, OSError):
@@ -603,6 +685,11 @@ class Sweep:
         return (f"check: {self.workers} worker(s) x {t['wall']:.0f} s: " + ", ".join(parts)
                 + f", between tests or idle {rest:.0f} s ({100 * rest / total:.0f}%)")  # fmt: skip
 
+
+RELEASE = "release"
+"""What the sweep tells an idle worker between cases (``worker_main``): free the last case's device
+memory (its inputs and oracle, its layer's conversions, the allocator's cached blocks), which the
+admission of other cases onto its GPU does not count once its case is over."""
 
 DECIDED_BATCH = 500
 """Pairs decided without a worker recorded per write (``Recorder.record_many``): well under 0.1 s

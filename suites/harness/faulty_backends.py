@@ -91,19 +91,21 @@ class Occupies(TorchMoE):
 
 
 class OutOfMemoryOnce(TorchMoE):
-    """Honest, but raises torch's OutOfMemoryError the first time it meets each case (a marker
-    file per case under $MXMOE_TEST_OOM_DIR), as a GPU shared with other workers can; appends
-    ``case pid`` to $MXMOE_TEST_OOM_DIR/ran.txt for every call."""
+    """Honest, but raises torch's OutOfMemoryError the first time it meets each case, or the first
+    $MXMOE_TEST_OOM_TIMES times (a count per case under $MXMOE_TEST_OOM_DIR), as a GPU shared with
+    other workers can; appends ``case pid`` to $MXMOE_TEST_OOM_DIR/ran.txt for every call."""
 
-    declaration = _declare("oom-once", "CUDA out of memory at each case's first call, honest after")
+    declaration = _declare("oom-once", "CUDA out of memory at each case's first call(s), honest after")
 
     def run(self, prepared, inputs, out):
         folder = os.environ["MXMOE_TEST_OOM_DIR"]
         with open(os.path.join(folder, "ran.txt"), "a", encoding="utf-8") as f:
             f.write(f"{inputs.case.id} {os.getpid()}\n")
         marker = os.path.join(folder, inputs.case.id)
-        if not os.path.exists(marker):
-            open(marker, "w").close()
+        seen = int(open(marker).read()) if os.path.exists(marker) else 0
+        if seen < int(os.environ.get("MXMOE_TEST_OOM_TIMES", "1")):
+            with open(marker, "w") as f:
+                f.write(str(seen + 1))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.91 GiB (a test's stand-in)")
         super().run(prepared, inputs, out)
 

@@ -240,11 +240,12 @@ def test_a_recorded_sweep_is_what_each_test_alone_gives(tmp_path):
             assert rec[key] == other[key], (rec["test_id"], key)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, workers):
-    """Beside other workers an out-of-memory ERROR says nothing of the backend: the sweep runs
-    that test again at the end, one worker alone, and records that verdict. Alone (one worker) it
-    is the ERROR it is."""
+@pytest.mark.parametrize(("workers", "times"), [(1, 1), (2, 1), (2, 2)])
+def test_a_test_out_of_memory_beside_other_workers_runs_again(tmp_path, workers, times):
+    """Beside other workers an out-of-memory ERROR says nothing of the backend: the sweep puts the
+    test back in the queue (its case admitted with more memory), and the second time runs it again
+    at the end, one worker alone; each time the log names it. Alone (one worker) it is the ERROR it
+    is."""
     import json
     import os
     import subprocess
@@ -255,7 +256,7 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
     oom.mkdir()
     args = ["check", "--profile", "pr", "-k", "tiny-interleaved", "--backend-file", f"{where}:OutOfMemoryOnce",
             "--backend", "oom-once", "--workers", str(workers), "--results", str(tmp_path / "r")]  # fmt: skip
-    env = {**os.environ, "MXMOE_TEST_OOM_DIR": str(oom)}
+    env = {**os.environ, "MXMOE_TEST_OOM_DIR": str(oom), "MXMOE_TEST_OOM_TIMES": str(times)}
     proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=HERE.parents[2], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     rows = [json.loads(line) for f in (tmp_path / "r").glob("*.jsonl") for line in f.read_text().splitlines()]
@@ -266,17 +267,24 @@ def test_a_test_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, wo
         assert proc.returncode != 0 and {r["outcome"] for r in rows} == {"ERROR"}
         assert all("OutOfMemoryError" in r["traceback"] for r in rows)
         assert sorted(ran) == cases
-    else:
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert {r["outcome"] for r in rows} == {"PASS"}
-        # once out of memory beside the other worker, then the check's two runs, alone
-        assert sorted(ran) == sorted(cases * 3)
-        assert f"check: {len(cases)} test(s) ran out of GPU memory beside other workers" in proc.stderr
-        last = [line for line in proc.stderr.splitlines() if " done (" in line][-1]
-        assert last.endswith(f"; {len(cases)} out of memory beside others, run again alone at the end) in "
-                             + last.rsplit(" in ", 1)[1]), last  # fmt: skip
-        # the first attempt's reproducer is not left beside a verdict that has none
-        assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
+        assert "ran out of GPU memory beside" not in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert {r["outcome"] for r in rows} == {"PASS"}
+    # out of memory `times` times beside the other worker, then the check's two runs
+    assert sorted(ran) == sorted(cases * (times + 2))
+    named = [line for line in proc.stderr.splitlines() if line.startswith("check: oom-once-")]
+    assert len(named) == len(cases) * times, proc.stderr
+    assert sum(line.endswith("; back in the queue, its case whole") for line in named) == len(cases)
+    assert sum(line.endswith("; set aside to run again alone at the end") for line in named) == len(cases) * (times - 1)
+    alone = f"check: {len(cases)} test(s) ran out of GPU memory beside other workers twice; running them again"
+    assert (alone in proc.stderr) == (times == 2), proc.stderr
+    last = [line for line in proc.stderr.splitlines() if " done (" in line][-1]
+    told = f"; out of memory beside others {len(cases) * times} times"
+    told += f" ({len(cases)} tests set aside to run alone at the end)" if times == 2 else ""
+    assert last.endswith(f"{told}) in " + last.rsplit(" in ", 1)[1]), last
+    # the attempts' reproducers are not left beside a verdict that has none
+    assert not list((tmp_path / "r").rglob("repro/*")), list((tmp_path / "r").rglob("repro/*"))
 
 
 def test_on_several_gpus_the_tests_out_of_memory_run_again_on_each_gpu_alone(tmp_path, monkeypatch):
@@ -291,6 +299,7 @@ def test_on_several_gpus_the_tests_out_of_memory_run_again_on_each_gpu_alone(tmp
     oom = tmp_path / "oom"
     oom.mkdir()
     monkeypatch.setenv("MXMOE_TEST_OOM_DIR", str(oom))
+    monkeypatch.setenv("MXMOE_TEST_OOM_TIMES", "2")
     once = load_spec(f"{HERE.parent / 'faulty_backends.py'}:OutOfMemoryOnce")
     # cases with tokens: one without any never calls the kernel, so never runs out of memory
     cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:4]
@@ -298,8 +307,9 @@ def test_on_several_gpus_the_tests_out_of_memory_run_again_on_each_gpu_alone(tmp
     verdicts = run.run([(once, c) for c in cases], ARCH)
     assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
     ran = [line.split() for line in (oom / "ran.txt").read_text().splitlines()]
-    first, again = ran[: len(cases)], ran[len(cases) :]  # out of memory once, then the check's two runs
-    assert sorted(c for c, _ in first) == sorted(c.id for c in cases)
+    # out of memory twice beside the others (back in the queue, then set aside), then the check's two runs
+    first, again = ran[: 2 * len(cases)], ran[2 * len(cases) :]
+    assert sorted(c for c, _ in first) == sorted(c.id for c in cases * 2)
     assert sorted(c for c, _ in again) == sorted(c.id for c in cases * 2)
     assert len({pid for _, pid in first}) > 1 and len({pid for _, pid in again}) == 2, ran
     assert os.environ["MXMOE_TEST_OOM_DIR"] == str(oom)
@@ -382,6 +392,79 @@ def test_a_case_is_admitted_with_what_tests_on_its_weights_took_where_that_is_mo
     seen(big, 20.0, "ERROR")  # ran out of memory after taking 20 GiB: it needs at least that
     assert needs(other) == needs(big) == pytest.approx(platforms.PEAK_MARGIN * 20.0) and needs(big) > estimate
     assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
+    # beside other cases it ran out of memory under 25 GiB: its size's cases are admitted with twice that
+    assert needs.out_of_memory(big) == pytest.approx(2 * platforms.PEAK_MARGIN * 20.0) == needs(other)
+    seen(big, 30.0)  # a larger peak later still counts where it is more
+    assert needs(big) == pytest.approx(2 * platforms.PEAK_MARGIN * 20.0)
+    assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
+
+
+def test_a_case_out_of_memory_beside_others_runs_again_whole_with_twice_the_memory(tmp_path, monkeypatch):
+    """The first test of a case runs out of memory beside another worker's case: its worker leaves
+    the case (the rest would each run out in turn), and the whole case goes back in the queue
+    admitted with twice its memory, here more than the GPU's share, so that it runs again with no
+    other case beside it. The admission is the parent's, so a CPU shows it with the memory needs
+    and the failed allocation stood in."""
+    import os
+
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    log, oom = tmp_path / "when.txt", tmp_path / "oom"
+    oom.mkdir()
+    monkeypatch.setenv("MXMOE_TEST_WHERE_RAN", str(log))
+    monkeypatch.setenv("MXMOE_TEST_OOM_DIR", str(oom))
+    occupies, once = load_spec(f"{FAULTY}:Occupies"), load_spec(f"{FAULTY}:OutOfMemoryOnce")
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:6]
+    big = cases[0]
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 3.0 if c.id == big.id else 1.0)
+    told: list[tuple[str, bool]] = []
+    run = sweep.Sweep(Recorder(tmp_path / "r"), workers=2, gpu_gib=4.0, gpus=1,
+                      on_memory=lambda text, alone: told.append((text, alone)))  # fmt: skip
+    pairs = [(occupies, c) for c in cases[1:]] + [(once, big), (occupies, big)]
+    verdicts = run.run(pairs, ARCH)
+    assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(pairs), [v.result.reason for v in verdicts]
+    assert len(told) == 1 and not told[0][1], told
+    assert told[0][0].startswith(f"check: oom-once-{ARCH}-{big.id} ran out of GPU memory beside ")
+    assert "its case with 3.0" in told[0][0] and "its size's cases now with 6.0" in told[0][0], told
+    assert told[0][0].endswith("; back in the queue, its case whole")
+    spans: dict[str, list[float]] = {}
+    for _what, case, when, _pid in (line.split() for line in log.read_text().splitlines()):
+        span = spans.setdefault(case, [math.inf, -math.inf])
+        span[0], span[1] = min(span[0], float(when)), max(span[1], float(when))
+    assert not any(spans[big.id][0] < spans[c.id][1] and spans[c.id][0] < spans[big.id][1] for c in cases[1:]), spans
+    ran = (oom / "ran.txt").read_text().split()[::2]
+    assert ran == [big.id] * 3  # out of memory once, then the check's two runs
+    assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
+
+
+def test_an_idle_worker_frees_its_last_case_when_told(tmp_path, monkeypatch):
+    """Between cases (held back for memory, or at the end) a worker holds its last case's inputs,
+    oracle and conversions, which no admission counts: told ``RELEASE``, it lets them go."""
+    import threading
+    from multiprocessing import Pipe
+
+    import torch
+
+    from mxmoe.harness.run import sweep
+
+    kept = sweep._Converted(budget=1 << 30, meter=lambda device: 0)
+    monkeypatch.setattr(sweep, "_CONVERTED", kept)
+    case = next(c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens)
+    parent, child = Pipe()
+    worker = threading.Thread(target=sweep.worker_main, args=(child, str(tmp_path), torch.get_num_threads()))
+    worker.start()
+    try:
+        parent.send((0, f"{FAULTY}:ConvertsPerLayer", case.to_dict(), ARCH))
+        assert parent.recv() == ("begin", 0)
+        assert parent.recv()[2].outcome == "PASS"
+        assert sweep._SHARED.key is not None and kept.kept
+        parent.send(sweep.RELEASE)
+        parent.send(None)
+    finally:
+        worker.join(60)
+    assert not worker.is_alive()
+    assert sweep._SHARED.key is None and not kept.kept
 
 
 def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monkeypatch):
