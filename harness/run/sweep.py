@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -280,8 +281,8 @@ class _Needs:
 
     peaks: dict[tuple[str, int], float] = field(default_factory=dict)
     raised: dict[tuple[str, int], float] = field(default_factory=dict)
-    """Per model and weight size, twice the need a test of that size ran out of memory under
-    (``out_of_memory``)."""
+    """Per model and weight size, what a test of that size running out of memory beside other cases
+    showed it needs (``out_of_memory``)."""
 
     def __call__(self, case: Case) -> float:
         key = (case.model, case.weight_elements)
@@ -293,14 +294,37 @@ class _Needs:
             key = (result.case.model, result.case.weight_elements)
             self.peaks[key] = max(self.peaks.get(key, 0.0), result.device_peak_gib)
 
-    def out_of_memory(self, case: Case) -> float:
-        """A test on ``case`` ran out of memory beside other cases: the cases of its size are
-        admitted with twice what this one was from now on (how much more it needed is unknown: an
-        allocation failed; doubling reaches enough in a few steps, and a need over the GPU's share
-        runs only where its GPU has no other case). Returns the new need."""
+    def out_of_memory(self, case: Case, took: float | None) -> float:
+        """A test on ``case`` ran out of memory beside other cases, having taken ``took`` GiB with
+        the allocation that failed (``took_gib``; None where its message does not say). The cases of
+        its size are admitted with ``PEAK_MARGIN`` times that from now on where that is more (when
+        it is not, the test was inside its admission and a neighbour took more than its own); where
+        the message does not say, with twice what this one was (doubling reaches enough in a few
+        steps, and a need over the GPU's share runs only where its GPU has no other case). Returns
+        the need its size's cases are admitted with now."""
         key = (case.model, case.weight_elements)
-        self.raised[key] = 2 * self(case)
-        return self.raised[key]
+        raised = 2 * self(case) if took is None else PEAK_MARGIN * took
+        self.raised[key] = max(self.raised.get(key, 0.0), raised)
+        return self(case)
+
+
+_TORCH_OUT_OF_MEMORY = re.compile(
+    r"Tried to allocate ([\d.]+) (bytes|KiB|MiB|GiB)\..*?this process has ([\d.]+) (bytes|KiB|MiB|GiB) memory in use",
+    re.S,
+)
+_UNIT_GIB = {"bytes": 1 / (1 << 30), "KiB": 1 / (1 << 20), "MiB": 1 / (1 << 10), "GiB": 1.0}
+
+
+def took_gib(result: Result) -> float | None:
+    """Device memory (GiB) a test that ran out of it had taken, counting the allocation that failed:
+    torch's message says what its process had in use (its CUDA context and what other libraries
+    allocated included) and what it tried to allocate. None where the message says neither (a
+    backend's own wording, ROCm's older torch)."""
+    found = _TORCH_OUT_OF_MEMORY.search(f"{result.reason or ''}\n{result.traceback or ''}")
+    if found is None:
+        return None
+    asked, asked_unit, held, held_unit = found.groups()
+    return float(asked) * _UNIT_GIB[asked_unit] + float(held) * _UNIT_GIB[held_unit]
 
 
 @dataclass
@@ -420,7 +444,7 @@ class Sweep:
     on_memory: Callable[[str, bool], None] | None = None
     """Told of each test that ran out of GPU memory beside other workers: a line naming it, what
     its GPU held and what follows, and whether it is set aside to run again alone at the end (the
-    second time) rather than put back in the queue with its case's need doubled (the first)."""
+    second time) rather than put back in the queue, its case admitted with more memory (the first)."""
     verdicts: list[Verdict] = field(default_factory=list)
     times: Counter[str] = field(default_factory=Counter)
     """Where the workers' time went, in worker-seconds (``TIMES``), with ``wall`` the sweep's own:
@@ -549,9 +573,9 @@ class Sweep:
         # A test that ran out of GPU memory beside other workers says nothing of its backend. The
         # first time, it goes back to the front of the queue with the rest of its case, which its
         # worker leaves (each of them would convert its weights again and run out of memory in
-        # turn), and the cases of its size are admitted with twice the memory from then on; the
-        # second time, it runs again at the end, one worker alone on its GPU, so that only a test
-        # that runs out of memory by itself is an ERROR.
+        # turn), and the cases of its size are admitted with more memory from then on
+        # (``_Needs.out_of_memory``); the second time, it runs again at the end, one worker alone on
+        # its GPU, so that only a test that runs out of memory by itself is an ERROR.
         requeued: set[int] = set()
         retried: set[int] = set()
 
@@ -560,7 +584,8 @@ class Sweep:
             others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
             held = sum(s.held for s in others)
             before = slot.held
-            grown = needs.out_of_memory(case)
+            took = took_gib(result)
+            grown = needs.out_of_memory(case, took)
             set_aside = index in requeued
             (retried if set_aside else requeued).add(index)
             rest = ([] if set_aside else [index]) + slot.group
@@ -569,7 +594,7 @@ class Sweep:
             slot.group, slot.held = [], 0.0
             text = f"check: {result.test_id} ran out of GPU memory beside {len(others)} other case(s) on GPU {slot.gpu}"
             if self.gpu_gib is not None:
-                peak = "" if result.device_peak_gib is None else f", its peak {result.device_peak_gib:.1f} GiB"
+                peak = "" if took is None else f", and it took {took:.1f} with what it asked for"
                 text += (f" (they were admitted with {held:.1f} of {self.gpu_gib:.0f} GiB, its case with {before:.1f}"
                          f"{peak}; its size's cases now with {grown:.1f})")  # fmt: skip
             text += "; set aside to run again alone at the end" if set_aside else "; back in the queue, its case whole"

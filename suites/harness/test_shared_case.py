@@ -392,11 +392,34 @@ def test_a_case_is_admitted_with_what_tests_on_its_weights_took_where_that_is_mo
     seen(big, 20.0, "ERROR")  # ran out of memory after taking 20 GiB: it needs at least that
     assert needs(other) == needs(big) == pytest.approx(platforms.PEAK_MARGIN * 20.0) and needs(big) > estimate
     assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
-    # beside other cases it ran out of memory under 25 GiB: its size's cases are admitted with twice that
-    assert needs.out_of_memory(big) == pytest.approx(2 * platforms.PEAK_MARGIN * 20.0) == needs(other)
-    seen(big, 30.0)  # a larger peak later still counts where it is more
-    assert needs(big) == pytest.approx(2 * platforms.PEAK_MARGIN * 20.0)
+    # beside other cases it ran out of memory under 25 GiB, its message silent on how much it took:
+    # its size's cases are admitted with twice that
+    doubled = 2 * platforms.PEAK_MARGIN * 20.0
+    assert needs.out_of_memory(big, None) == pytest.approx(doubled) == needs(other)
+    seen(big, 30.0)  # a smaller peak later changes nothing
+    assert needs.out_of_memory(big, 30.0) == pytest.approx(doubled)  # inside its admission: a neighbour's fault
+    assert needs.out_of_memory(big, 60.0) == pytest.approx(platforms.PEAK_MARGIN * 60.0) == needs(other)
     assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
+
+
+def test_what_a_test_out_of_memory_took_is_read_from_torchs_message():
+    """torch's CUDA message says what the process had in use and what it asked for; their sum is
+    what the test took. A message that does not say gives None (the sweep then doubles)."""
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.judge.engine import Result
+    from mxmoe.harness.run import sweep
+
+    case = make_case("gptoss20b", 4096)
+    torch_says = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total "
+                  "capacity of 139.81 GiB of which 1.02 GiB is free. Process 1234 has 60.00 GiB memory in use. "
+                  "Including non-PyTorch memory, this process has 28.25 GiB memory in use. Of the allocated memory "
+                  "26.1 GiB is allocated by PyTorch, and 1.2 GiB is reserved by PyTorch but unallocated.")  # fmt: skip
+    result = Result("x", "x", ARCH, case, "ERROR", reason="torch.OutOfMemoryError", traceback=torch_says)
+    assert sweep.out_of_memory(result) and sweep.took_gib(result) == pytest.approx(29.75)
+    result.traceback = torch_says.replace("1.50 GiB", "512.00 MiB")
+    assert sweep.took_gib(result) == pytest.approx(28.75)
+    result.traceback = "CUDA out of memory. Tried to allocate 7.91 GiB (a test's stand-in)"
+    assert sweep.out_of_memory(result) and sweep.took_gib(result) is None
 
 
 def test_a_case_out_of_memory_beside_others_runs_again_whole_with_twice_the_memory(tmp_path, monkeypatch):
