@@ -499,12 +499,16 @@ class Sweep:
         def need(group: list[int]) -> float:
             return needs(pairs[group[0]][1])
 
+        def sharing(slot: _Slot) -> list[_Slot]:
+            """The other slots on ``slot``'s GPU with a case under way (its memory admitted)."""
+            return [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
+
         def admit(slot: _Slot) -> int | None:
             """Where in the queue the idle ``slot`` takes its next case: the first whose memory fits
             beside the cases running on its GPU, or the first when none runs there; None to wait."""
             if self.gpu_gib is None:
                 return 0
-            others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
+            others = sharing(slot)
             if not others:
                 return 0
             room = self.gpu_gib - sum(s.held for s in others)
@@ -581,7 +585,7 @@ class Sweep:
 
         def out_of_memory_beside_others(slot: _Slot, index: int, result: Result) -> None:
             case = pairs[index][1]
-            others = [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
+            others = sharing(slot)
             held = sum(s.held for s in others)
             before = slot.held
             took = took_gib(result)
@@ -591,7 +595,7 @@ class Sweep:
             rest = ([] if set_aside else [index]) + slot.group
             if rest:
                 queue.insert(0, rest)
-            slot.group, slot.held = [], 0.0
+            slot.group = []
             text = f"check: {result.test_id} ran out of GPU memory beside {len(others)} other case(s) on GPU {slot.gpu}"
             if self.gpu_gib is not None:
                 peak = "" if took is None else f", and it took {took:.1f} with what it asked for"

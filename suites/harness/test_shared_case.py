@@ -32,6 +32,15 @@ CASES = ("tiny-interleaved-default-t8", "small-interleaved-t16-trained", "tpsmal
          "dsmini-chunked-t9-ep2r1", "small-interleaved-t16-neartie")  # fmt: skip
 
 
+def _spans(log: Path) -> dict[str, list[float]]:
+    """Each case's span in an ``Occupies`` log, from its first start to its last end line."""
+    spans: dict[str, list[float]] = {}
+    for _what, case, when, _pid in (line.split() for line in log.read_text().splitlines()):
+        span = spans.setdefault(case, [math.inf, -math.inf])
+        span[0], span[1] = min(span[0], float(when)), max(span[1], float(when))
+    return spans
+
+
 def _same(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -300,7 +309,7 @@ def test_on_several_gpus_the_tests_out_of_memory_run_again_on_each_gpu_alone(tmp
     oom.mkdir()
     monkeypatch.setenv("MXMOE_TEST_OOM_DIR", str(oom))
     monkeypatch.setenv("MXMOE_TEST_OOM_TIMES", "2")
-    once = load_spec(f"{HERE.parent / 'faulty_backends.py'}:OutOfMemoryOnce")
+    once = load_spec(f"{FAULTY}:OutOfMemoryOnce")
     # cases with tokens: one without any never calls the kernel, so never runs out of memory
     cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:4]
     run = sweep.Sweep(Recorder(tmp_path / "r"), workers=4, gpus=2)
@@ -451,10 +460,7 @@ def test_a_case_out_of_memory_beside_others_runs_again_whole_with_twice_the_memo
     assert told[0][0].startswith(f"check: oom-once-{ARCH}-{big.id} ran out of GPU memory beside ")
     assert "its case with 3.0" in told[0][0] and "its size's cases now with 6.0" in told[0][0], told
     assert told[0][0].endswith("; back in the queue, its case whole")
-    spans: dict[str, list[float]] = {}
-    for _what, case, when, _pid in (line.split() for line in log.read_text().splitlines()):
-        span = spans.setdefault(case, [math.inf, -math.inf])
-        span[0], span[1] = min(span[0], float(when)), max(span[1], float(when))
+    spans = _spans(log)
     assert not any(spans[big.id][0] < spans[c.id][1] and spans[c.id][0] < spans[big.id][1] for c in cases[1:]), spans
     ran = (oom / "ran.txt").read_text().split()[::2]
     assert ran == [big.id] * 3  # out of memory once, then the check's two runs
@@ -509,16 +515,7 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
     verdicts = run.run([(occupies, c) for c in cases], ARCH)
     assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
-    spans: dict[str, list[float]] = {}
-
-    def read_spans() -> None:
-        """Each case's span, from its first start to its last end line."""
-        spans.clear()
-        for _what, case, when, _pid in (line.split() for line in log.read_text().splitlines()):
-            span = spans.setdefault(case, [math.inf, -math.inf])
-            span[0], span[1] = min(span[0], float(when)), max(span[1], float(when))
-
-    read_spans()
+    spans = _spans(log)
 
     def overlap(a: str, b: str) -> bool:
         return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
@@ -532,7 +529,7 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 1.0)
     alone = sweep.Sweep(Recorder(tmp_path / "alone"), workers=3, gpu_gib=1.0, gpus=1)
     alone.run([(occupies, c) for c in cases[:3]], ARCH)
-    read_spans()
+    spans = _spans(log)
     assert not any(overlap(a, b) for a in ids[:3] for b in ids[:3] if a < b)
     assert alone.times["held back"] > 0.4, alone.time_line()  # a second worker waited for at least one case
     assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
