@@ -13,6 +13,7 @@ hardware, are decided in the parent (``supports`` is pure), without a worker.
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -237,8 +238,7 @@ def worker_main(
             _SHARED.clear()
             _CONVERTED.clear()
             case_id = None
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            _free_device_memory()
             continue
         index, spec, case_dict, arch = task
         conn.send(("begin", index))
@@ -260,12 +260,28 @@ def worker_main(
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
         if torch.cuda.is_available():
             result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
-            if out_of_memory(result):
-                torch.cuda.empty_cache()  # what it had reserved goes back to its GPU's other workers now
         saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
+        # Not kept while the worker waits: an idle worker holding its last case's inputs (GiBs at
+        # DeepSeek-V3) is memory no admission counts (``_SHARED`` keeps them for the case's next test).
+        inputs = None
         result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
+        if out_of_memory(result):
+            _free_device_memory()  # what it had goes back to its GPU's other workers now
         conn.send(("done", index, result, None if repro is None else str(repro)))
+
+
+def _free_device_memory() -> None:
+    """Give what this worker no longer uses back to its GPU: collect garbage first, since a
+    backend's exception (an out-of-memory one above all) leaves its frames, and the tensors they
+    hold, in reference cycles that only the collector frees and ``empty_cache`` cannot return.
+    Called when the worker goes idle and after a test ran out of memory, not between tests: a
+    full collection in a process that imported vLLM takes a noticeable fraction of a second."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -531,7 +547,21 @@ class Sweep:
                 stop_waiting(slot)
                 slot.group = queue.pop(pick)
                 slot.held = need(slot.group) if self.gpu_gib is not None else 0.0
+                if self.gpu_gib is not None and slot.held > self.gpu_gib:
+                    vacate(slot)
             return slot.group.pop(0) if slot.group else None
+
+        def vacate(slot: _Slot) -> None:
+            """``slot`` takes a case that fits nowhere beside others (more than the GPU's share), so
+            none runs on its GPU now: their workers, idle, still hold what no admission counts (the
+            CUDA context, libraries' workspaces, their allocators' leftovers; tens of GiB after hours
+            of tactics). They end, and ``slot``'s own worker starts afresh, so that the case has the
+            GPU as a sweep of it alone would; the others start again with their next case."""
+            for other in slots:
+                if other is not slot and other.gpu == slot.gpu and other.process is not None:
+                    retire(other)
+            if slot.process is not None:
+                retire(slot)
 
         def start(slot: _Slot) -> None:
             parent_conn, child_conn = ctx.Pipe()
@@ -613,7 +643,7 @@ class Sweep:
                     # one worker per GPU (slot i is pinned to GPU i modulo their number), each alone
                     # on its own: a multi-GPU host reruns them on all its GPUs, not on one
                     kept = max(1, min(self.gpus, len(slots)))
-                    for slot in slots[kept:]:
+                    for slot in slots:  # the kept ones too: they start afresh, holding nothing of before
                         retire(slot)
                     slots = slots[:kept]
                     queue.extend([i] for i in sorted(retried))

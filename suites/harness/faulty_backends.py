@@ -90,6 +90,36 @@ class Occupies(TorchMoE):
             f.write(f"end {inputs.case.id} {time.time()} {os.getpid()}\n")
 
 
+class CountsSiblings(Occupies):
+    """``Occupies``, and also appends ``siblings case n`` to $MXMOE_TEST_SIBLINGS: the number of the
+    sweep's other worker processes alive while it runs (its parent's children started by
+    multiprocessing's spawn, read from Linux's /proc)."""
+
+    declaration = _declare("counts-siblings", "honest fp32, 0.2 s per run, counting the other workers")
+
+    def run(self, prepared, inputs, out):
+        with open(os.environ["MXMOE_TEST_SIBLINGS"], "a", encoding="utf-8") as f:
+            f.write(f"siblings {inputs.case.id} {len(_sibling_workers())}\n")
+        super().run(prepared, inputs, out)
+
+
+def _sibling_workers() -> list[int]:
+    parent, me, found = os.getppid(), os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                spawned = b"spawn_main" in f.read()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == parent and spawned:
+            found.append(int(entry))
+    return found
+
+
 class OutOfMemoryOnce(TorchMoE):
     """Honest, but raises torch's OutOfMemoryError the first time it meets each case, or the first
     $MXMOE_TEST_OOM_TIMES times (a count per case under $MXMOE_TEST_OOM_DIR), as a GPU shared with

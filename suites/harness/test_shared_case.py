@@ -471,6 +471,8 @@ def test_an_idle_worker_frees_its_last_case_when_told(tmp_path, monkeypatch):
     """Between cases (held back for memory, or at the end) a worker holds its last case's inputs,
     oracle and conversions, which no admission counts: told ``RELEASE``, it lets them go."""
     import threading
+    import time
+    import weakref
     from multiprocessing import Pipe
 
     import torch
@@ -488,12 +490,20 @@ def test_an_idle_worker_frees_its_last_case_when_told(tmp_path, monkeypatch):
         assert parent.recv() == ("begin", 0)
         assert parent.recv()[2].outcome == "PASS"
         assert sweep._SHARED.key is not None and kept.kept
+        # the worker's own reference to the last inputs goes too, not only the shared one
+        drawn = weakref.ref(sweep._SHARED.inputs.x)
         parent.send(sweep.RELEASE)
+        waited = time.monotonic()
+        while (sweep._SHARED.key is not None or kept.kept) and time.monotonic() - waited < 60:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the release is done once the worker waits for its next task
+        idle_holds = worker.is_alive() and drawn() is not None
         parent.send(None)
     finally:
         worker.join(60)
     assert not worker.is_alive()
     assert sweep._SHARED.key is None and not kept.kept
+    assert not idle_holds  # idle, it held nothing of the case
 
 
 def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monkeypatch):
@@ -533,3 +543,32 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     assert not any(overlap(a, b) for a in ids[:3] for b in ids[:3] if a < b)
     assert alone.times["held back"] > 0.4, alone.time_line()  # a second worker waited for at least one case
     assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
+
+
+def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp_path, monkeypatch):
+    """A case larger than the GPU's share runs with no other case beside it, and also with no other
+    worker's process alive on its GPU: an idle worker still holds memory no admission counts (on an
+    H200, after an hour of tactics, enough that DeepSeek-V3 ran out of memory "beside 0 other
+    cases"). Each run notes how many other workers were alive (Linux's /proc); the small cases show
+    that the count sees them."""
+    import os
+
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("counts the other workers through Linux's /proc, which this host lacks")
+    siblings = tmp_path / "siblings.txt"
+    monkeypatch.setenv("MXMOE_TEST_WHERE_RAN", str(tmp_path / "when.txt"))
+    monkeypatch.setenv("MXMOE_TEST_SIBLINGS", str(siblings))
+    counts = load_spec(f"{FAULTY}:CountsSiblings")
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:6]
+    huge = cases[0].id
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 10.0 if c.id == huge else 1.0)
+    run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
+    verdicts = run.run([(counts, c) for c in cases], ARCH)
+    assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
+    seen = [(case, int(n)) for _, case, n in (line.split() for line in siblings.read_text().splitlines())]
+    assert {n for case, n in seen if case == huge} == {0}, seen
+    assert max(n for case, n in seen if case != huge) >= 1, seen  # beside the small ones, others lived
+    assert os.environ["MXMOE_TEST_SIBLINGS"] == str(siblings)
