@@ -554,11 +554,13 @@ class Sweep:
         def vacate(slot: _Slot) -> None:
             """``slot`` takes a case that fits nowhere beside others (more than the GPU's share), so
             none runs on its GPU now: their workers, idle, still hold what no admission counts (the
-            CUDA context, libraries' workspaces, their allocators' leftovers; tens of GiB after hours
-            of tactics). They end, and ``slot``'s own worker starts afresh, so that the case has the
-            GPU as a sweep of it alone would; the others start again with their next case."""
+            CUDA context, libraries' workspaces, their allocators' leftovers: 40 GiB and more after a
+            quarter of an hour of tactics on an H200). They end, and ``slot``'s own worker starts
+            afresh, so that the case has the GPU as a sweep of it alone would; the others start again
+            with their next case. (``admit`` gave it the GPU only with no case under way there.)"""
             for other in slots:
-                if other is not slot and other.gpu == slot.gpu and other.process is not None:
+                idle = other.task is None and not other.group
+                if other is not slot and other.gpu == slot.gpu and other.process is not None and idle:
                     retire(other)
             if slot.process is not None:
                 retire(slot)
