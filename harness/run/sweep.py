@@ -559,11 +559,8 @@ class Sweep:
             afresh, so that the case has the GPU as a sweep of it alone would; the others start again
             with their next case. (``admit`` gave it the GPU only with no case under way there.)"""
             for other in slots:
-                idle = other.task is None and not other.group
-                if other is not slot and other.gpu == slot.gpu and other.process is not None and idle:
+                if other.gpu == slot.gpu and (other is slot or (other.task is None and not other.group)):
                     retire(other)
-            if slot.process is not None:
-                retire(slot)
 
         def start(slot: _Slot) -> None:
             parent_conn, child_conn = ctx.Pipe()

@@ -548,7 +548,7 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
 def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp_path, monkeypatch):
     """A case larger than the GPU's share runs with no other case beside it, and also with no other
     worker's process alive on its GPU: an idle worker still holds memory no admission counts (on an
-    H200, after an hour of tactics, enough that DeepSeek-V3 ran out of memory "beside 0 other
+    H200, after a quarter of an hour of tactics, enough that DeepSeek-V3 ran out of memory "beside 0 other
     cases"). Each run notes how many other workers were alive (Linux's /proc); the small cases show
     that the count sees them."""
     import os
