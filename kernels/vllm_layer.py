@@ -327,12 +327,17 @@ def _refused_without_bias(vllm_backend: str, exc: AssertionError) -> str:
 
 
 def _driven(base: type, vllm_backend: str) -> Declaration:
+    """The direct adapter's declaration as vLLM's layer runs it: its own id, and no tactics. vLLM's
+    layer runs its kernel's own pick for each case, as vLLM serves it; nothing here forces a tactic
+    on vLLM's call, so a ``vllm-<id>-tactic-<name>`` would be named for a configuration it did not
+    run. Each tactic is forced on the direct adapter, which calls the same kernel source."""
     d = base.declaration
     return replace(
         d,
         id=f"vllm-{d.id}",
         description=f"vLLM's own layer for {vllm_backend} (--moe-backend {MOE_BACKEND_STRINGS[vllm_backend]})",
         vllm_backend=None,
+        tactics=(),
     )
 
 

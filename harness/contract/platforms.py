@@ -129,7 +129,7 @@ def converted_gpu_gib(case: Case) -> float:
     ``WORKER_GPU_GIB``, at most ``CONVERTED_GPU_GIB`` (12 GiB at gpt-oss-120b, 3 at -20b, 0.2 for
     the small layers), so that what a worker keeps stays inside what its case was admitted with.
     At a fixed 12 GiB instead, a worker on a gpt-oss-20b case could keep 12 GiB of conversions
-    (with every tactic, an H200 converts each 20b layer 38 times) where its admission counted 3."""
+    (with every tactic, 26 backends convert each 20b layer on an H200) where its admission counted 3."""
     return min(CONVERTED_GPU_GIB, case_gpu_gib(case) * CONVERTED_GPU_GIB / WORKER_GPU_GIB)
 
 

@@ -589,6 +589,22 @@ def test_a_tactic_is_a_backend_of_its_own_and_unknown_ones_are_refused():
     assert type(load_spec("mxmoe.kernels.oai_triton:OaiTriton#tactic=nosuch").backend).__name__ == "BrokenBackend"
 
 
+def test_vllms_layer_declares_no_tactic_it_does_not_force():
+    """vLLM's layer runs its kernel's own pick: no ``vllm-<id>-tactic-<name>`` exists to claim a
+    configuration that was not forced (the direct adapters force each, on the same kernel source).
+    ``--tactics all`` adds none after it, and a tactic named for it alone is refused."""
+    from mxmoe.harness.run.registry import load_spec, with_tactics
+    from mxmoe.kernels.vllm_layer import DRIVEN
+
+    assert [c.declaration.id for c in DRIVEN if c.declaration.tactics] == []
+    assert OaiTriton.declaration.tactics and OaiTritonUnfused.declaration.tactics
+    driven = [load_spec("mxmoe.kernels.vllm_layer:VllmTriton"), load_spec("mxmoe.kernels.vllm_layer:VllmTritonUnfused")]
+    assert with_tactics(driven, "all") == driven
+    with pytest.raises(ValueError, match="none"):
+        with_tactics(driven, "bm64")
+    assert type(load_spec("mxmoe.kernels.vllm_layer:VllmTriton#tactic=bm64").backend).__name__ == "BrokenBackend"
+
+
 def test_the_vllm_driver_declines_a_biasless_case_that_vllms_conversion_refuses_naming_vllms_check(tmp_path):
     """vLLM's GPT-OSS method always has biases, and its FlashInfer conversions assert so; the driver
     turns that assertion, for a case without biases only, into a decline naming vLLM's own check."""
