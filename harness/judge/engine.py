@@ -214,6 +214,10 @@ class Result:
     inputs_modified: list[str] = field(default_factory=list)
     """The inputs the backend wrote into (by name): a caller that shares one case's inputs among
     backends draws them again after such a check."""
+    inputs_checked: bool = False
+    """Whether the inputs were compared with what they were before the backend had them, so that
+    ``inputs_modified`` is known: after a check that ran, and after a backend that raised or
+    declined once it saw the case (unless the comparison itself failed: a device left unusable)."""
     stages: dict[str, float] = field(default_factory=dict)
     """Where the test's time went, in seconds per stage (``STAGES``, plus what no stage covers and
     saving a reproducer), for a test checked with a ``StageClock``: a sweep's records then say
@@ -483,11 +487,13 @@ def guarded_call(
         # re-routing a deployment): a SKIP that names it, never a verdict on a kernel not run.
         result.outcome = "SKIP"
         result.reason = f"{d.id} cannot run this case: {exc}"
+        _compare_inputs(before, inputs, result, clock)
         return None
     except Exception:
         result.outcome = "ERROR"
         result.reason = "the backend raised"
         result.traceback = traceback.format_exc()
+        _compare_inputs(before, inputs, result, clock)
         judge(backend, result)
         return None
     got = runs[0]
@@ -505,11 +511,9 @@ def guarded_call(
         with timed(clock, "compare"):
             result.metrics.record_second_run(judged_run(runs[1], bounded if choose is None else choose(runs[1])))
     _systematic(inputs, bounded, got, result, clock)
-    with timed(clock, "guards"):
-        now = inputs.tensors()
-        mutated = [n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])]
+    _compare_inputs(before, inputs, result, clock)
+    mutated = result.inputs_modified
     judge(backend, result)
-    result.inputs_modified = mutated
     if mutated and result.outcome != "XFAIL":
         result.outcome = "FAIL"
         result.reason = f"inputs modified by the backend: {', '.join(mutated)}" + (
@@ -519,6 +523,28 @@ def guarded_call(
         with timed(clock, "diagnosis"):
             result.diagnosis = _diagnose_failing_run(inputs, runs, result, d.arithmetic, diagnose)
     return got
+
+
+def _compare_inputs(
+    before: dict[str, torch.Tensor], inputs: CaseInputs, result: Result, clock: StageClock | None
+) -> None:
+    """Sets ``result.inputs_modified`` to the inputs that differ from ``before`` (shape or bits) and
+    ``inputs_checked``. Also after a backend that raised or declined: a sweep that shares the case's
+    inputs and oracle among its backends keeps them where they are unchanged, instead of drawing
+    them and computing the oracle, the bound and the energy test's prediction again for every
+    backend after it (in an H200 nightly, vLLM's emulation backend declined every case, and the
+    backend after it spent 1.2 of its 1.9 s at gpt-oss-120b T=128 drawing the case again). Where
+    the comparison itself raises (a device error that outlives the backend's call), they are left
+    unchecked, and the sweep draws them again."""
+    try:
+        with timed(clock, "guards"):
+            now = inputs.tensors()
+            result.inputs_modified = [
+                n for n in before if now[n].shape != before[n].shape or bitwise_differences(now[n], before[n])
+            ]
+    except Exception:  # the device is unusable: nothing is known of the inputs
+        return
+    result.inputs_checked = True
 
 
 def judged_run(got: torch.Tensor, bounded: Bounded) -> Metrics:

@@ -192,10 +192,12 @@ def check_pair(
         tied = 0
     result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied,
                             prepared=_CONVERTED.prepared(loaded, case), diagnose=diagnose, clock=clock)  # fmt: skip
-    if result.inputs_modified or (used is not None and result.outcome not in ("PASS", "FAIL")):
-        # written into, or left unchecked (the backend raised or declined mid-call): drawn again,
-        # and converted again
+    if result.inputs_modified or (used is not None and not result.inputs_checked):
+        # written into, or not known to be unchanged: drawn again (unchanged after a backend that
+        # raised or declined once it saw the case, they and their oracle stay for the next backend)
         _SHARED.clear()
+    if result.inputs_modified or (used is not None and result.outcome not in ("PASS", "FAIL")):
+        # its conversion wrote into them, or the backend raised or declined mid-call: converted again
         _CONVERTED.drop(loaded.spec)
     return result, used
 
@@ -267,7 +269,10 @@ def worker_main(
         inputs = None
         result.stages = stage_seconds(clock, saving - start, time.perf_counter() - saving)
         if out_of_memory(result):
-            _free_device_memory()  # what it had goes back to its GPU's other workers now
+            # it leaves the case (the sweep queues it again): what it had, the case's inputs and
+            # oracle included, goes back to its GPU's other workers now
+            _SHARED.clear()
+            _free_device_memory()
         conn.send(("done", index, result, None if repro is None else str(repro)))
 
 

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from mxmoe.harness.contract.backend import Arithmetic, Declaration
+from mxmoe.harness.contract.backend import Arithmetic, BackendUnavailable, Declaration
 from mxmoe.harness.contract.platforms import ARCHS
 from mxmoe.harness.instruments.torch_moe import TorchMoE
 from mxmoe.reference.moe import Precision
@@ -162,3 +162,32 @@ class WritesWeightsPerLayer(ConvertsPerLayer):
     def run(self, prepared, inputs, out):
         super().run(prepared, inputs, out)
         inputs.weights.w2_scales.view(-1)[0] += 1
+
+
+class DeclinesOnSeeing(TorchMoE):
+    """Declines every case once it sees it (``BackendUnavailable`` from its conversion, as vLLM's
+    oracle refusing a deployment does), its inputs untouched."""
+
+    declaration = _declare("declines-on-seeing", "BackendUnavailable from convert")
+
+    def convert(self, inputs):
+        raise BackendUnavailable("this deployment is refused")
+
+
+class DeclinesAfterWriting(DeclinesOnSeeing):
+    """The same, having written into its input weights first."""
+
+    declaration = _declare("declines-after-writing", "adds 1 to w2's first scale byte, then declines")
+
+    def convert(self, inputs):
+        inputs.weights.w2_scales.view(-1)[0] += 1
+        super().convert(inputs)
+
+
+class RaisesInRun(TorchMoE):
+    """Raises from its kernel call on every case, its inputs untouched."""
+
+    declaration = _declare("raises-in-run", "RuntimeError from run")
+
+    def run(self, prepared, inputs, out):
+        raise RuntimeError("a kernel launch failed")

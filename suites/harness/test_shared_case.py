@@ -69,6 +69,33 @@ def test_shared_inputs_and_oracle_change_no_verdict_and_no_number():
     assert expected <= outcomes
 
 
+def test_a_backend_that_raises_or_declines_keeps_the_cases_inputs_shared_unless_it_wrote_into_them():
+    """After a backend that declined the case once it saw it (a SKIP) or raised (an ERROR), the
+    inputs are compared as after any check: unchanged, the next backend is checked on the same
+    inputs, oracle and bound, with the verdict and numbers of a check alone; written into, they are
+    drawn again, and the verdicts are still those of checks alone."""
+    from mxmoe.harness.judge.engine import StageClock
+
+    honest = load_spec("mxmoe.harness.instruments.honest:HonestFp32")
+    case = next(c for c in profile_cases("pr") if c.id == "tiny-interleaved-default-t8")
+    alone, _ = run_case(honest.backend, case, ARCH)
+    for spec, outcome, kept in (("DeclinesOnSeeing", "SKIP", True), ("RaisesInRun", "ERROR", True),
+                                ("DeclinesAfterWriting", "SKIP", False)):  # fmt: skip
+        _SHARED.clear()
+        assert check_pair(honest, case, ARCH)[0].outcome == "PASS"
+        inputs, bounds = _SHARED.inputs, dict(_SHARED.bounds)
+        result, used = check_pair(load_spec(f"{FAULTY}:{spec}"), case, ARCH)
+        assert result.outcome == outcome and used is inputs, (spec, result.reason)
+        assert (_SHARED.inputs is inputs and _SHARED.bounds == bounds) if kept else _SHARED.inputs is None
+        assert result.inputs_checked and result.inputs_modified == ([] if kept else ["w2_scales"])
+        clock = StageClock()
+        after, _ = check_pair(honest, case, ARCH, clock=clock)
+        assert after.outcome == alone.outcome == "PASS" and after.metrics.to_dict() == alone.metrics.to_dict()
+        drawn = {stage for stage in ("inputs", "oracle and bound") if clock.seconds[stage] > 0}
+        assert drawn == (set() if kept else {"inputs", "oracle and bound"}), (spec, clock.seconds)
+    _SHARED.clear()
+
+
 def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
     import torch
 
