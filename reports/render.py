@@ -137,6 +137,8 @@ def markdown(report: dict) -> str:
                        + (f"; on the bf16-GEMM1 arithmetic, {f['measured_caught']}/{f['measured']} sub-bound faults "
                           "seen (measured, not required)" if f.get("measured") else "")
                        + (f"; MISSED: {', '.join(missed)}" if missed else "")
+                       + (f"; not reached (no case of the profile is one the fault changes): "
+                          f"{', '.join(f['unreached'])}" if f.get("unreached") else "")
                        + (f"; FALSE ALARM: {', '.join(alarms)}" if alarms else "")
                        + (f"; shown nothing: {', '.join(unshown)}" if unshown else ""))  # fmt: skip
     if report["gpqa"]:

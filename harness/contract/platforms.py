@@ -114,23 +114,51 @@ backends' Python, its guards, Triton's compilations and its result on the host, 
 starved of cores stalls its GPU share."""
 
 
+UNIT_TOKENS = 4128
+"""The most tokens of the cases ``WORKER_GPU_GIB`` was measured on (gpt-oss-120b's balanced case,
+one token over a block of 128 per expert): what tokens up to that many take is inside the unit."""
+ROUTED_TOKEN_BYTES = 1 << 19
+"""Device bytes a check takes per routed token (a token times its top-k) past ``UNIT_TOKENS``, at
+gpt-oss's hidden and intermediate sizes (2880 each). Measured here on a CPU, where the engine
+allocates as on a GPU (its batches are sized by element counts, not by the device): one check of
+a gpt-oss-20b layer cut to 4 experts grew by 3.8 GiB from T=2048 to T=4096 (1.9 GiB a thousand
+tokens, 0.47 MiB a routed token, here rounded up to 0.5); on an H200 (2026-12-04), the allocated
+peaks of gpt-oss-20b tests grew by 3 to 9 GiB from T=257 to T=4095, by backend. Counted by its
+weights alone, a long prefill case (gpt-oss-20b at T=16384: 15 GiB) would be admitted with less
+than half of what it takes."""
+
+
+def weights_gpu_gib(case: Case) -> float:
+    """``WORKER_GPU_GIB`` scaled by the case's weight elements against gpt-oss-120b's: what a check
+    of the layer holds with up to ``UNIT_TOKENS`` tokens (the draws, copies and conversions of its
+    weights, the oracle's and the systematic test's batches sized by them)."""
+    return WORKER_GPU_GIB * case.weight_elements / make_case("gptoss120b", 1).weight_elements
+
+
+def tokens_gpu_gib(case: Case) -> float:
+    """What the case's tokens past ``UNIT_TOKENS`` add (GiB): ``ROUTED_TOKEN_BYTES`` a routed token,
+    scaled by the layer's hidden plus intermediate size against gpt-oss's (a small layer's rows are
+    small). 0 for every case of ``UNIT_TOKENS`` tokens or fewer."""
+    past = max(0, case.tokens - UNIT_TOKENS) * case.top_k
+    return past * ROUTED_TOKEN_BYTES * (case.hidden + case.intermediate) / (2 * 2880) / (1 << 30)
+
+
 def case_gpu_gib(case: Case) -> float:
     """Device memory one case's check may hold (GiB), for a sweep's admission of cases onto a GPU:
-    ``WORKER_GPU_GIB`` scaled by the case's weight elements against gpt-oss-120b's, at least 1.
-    Memory at these shapes goes with the weights (their draws, copies, conversions, and the
-    oracle's and the systematic test's batches sized by them); tokens add little. A case larger
-    than a GPU's share runs there alone."""
-    return max(1.0, WORKER_GPU_GIB * case.weight_elements / make_case("gptoss120b", 1).weight_elements)
+    its weights' part (``weights_gpu_gib``) and its tokens' past the unit's (``tokens_gpu_gib``), at
+    least 1. A case larger than a GPU's share runs there alone."""
+    return max(1.0, weights_gpu_gib(case) + tokens_gpu_gib(case))
 
 
 def converted_gpu_gib(case: Case) -> float:
     """Device memory (GiB) a worker keeps its layer's converted weights in while on ``case``
-    (``sweep._Converted``): the part of ``case_gpu_gib`` that ``CONVERTED_GPU_GIB`` is of
+    (``sweep._Converted``): the part of ``weights_gpu_gib`` that ``CONVERTED_GPU_GIB`` is of
     ``WORKER_GPU_GIB``, at most ``CONVERTED_GPU_GIB`` (12 GiB at gpt-oss-120b, 3 at -20b, 0.2 for
     the small layers), so that what a worker keeps stays inside what its case was admitted with.
     At a fixed 12 GiB instead, a worker on a gpt-oss-20b case could keep 12 GiB of conversions
-    (with every tactic, 26 backends convert each 20b layer on an H200) where its admission counted 3."""
-    return min(CONVERTED_GPU_GIB, case_gpu_gib(case) * CONVERTED_GPU_GIB / WORKER_GPU_GIB)
+    (with every tactic, 50 backends convert each 20b layer on an H200) where its admission counted 3.
+    Its tokens do not count: the conversions are of the layer, the same for each of its cases."""
+    return min(CONVERTED_GPU_GIB, max(1.0, weights_gpu_gib(case)) * CONVERTED_GPU_GIB / WORKER_GPU_GIB)
 
 
 def gpu_share_gib() -> float | None:

@@ -3,14 +3,24 @@ run where is decided by the backends' declarations and the host, never by the li
 
 * ``pr``: small shapes that run in seconds on a CPU (under the Triton interpreter too), covering
   every structure once: token counts 0, 1, odd and larger, each zoo model, wide inputs, hot and
-  sparse routing, uneven TP shards, EP ranks, other routing methods and layouts, and gpt-oss-20b
-  itself at T=1 (H/32 = 90, whole and as an uneven TP8 shard).
+  sparse routing, uneven TP shards, EP ranks, other routing methods and layouts, one decode
+  bucket (T=3), one long prefill (T=8192), every expert one over a block (17 tokens each), and
+  gpt-oss-20b itself at T=1 (H/32 = 90, whole and as an uneven TP8 shard).
 * ``nightly``: a grid over the same structures with many more token counts, distributions and
   seeds (replicas), plus the production shapes (gpt-oss-20b and -120b, DeepSeek-V3) at
   T = 1, 7, 128, 4096 (gpt-oss under both Renormalize and RenormalizeNaive), gpt-oss TP and EP
-  shards, and where tiles break at gpt-oss's shapes: T = 127, 129, 255, 257, 4095, 4097, every
-  expert one over a block (17, 65, 129 tokens each), hot, sparse (experts with no tokens),
-  all-negative and near-tied logits, and trained-size biases; meant for GPUs.
+  shards, and the serving regime at gpt-oss's shapes: every decode bucket boundary
+  (``DECODE_TOKENS``), long prefill (``PREFILL_TOKENS``), where tiles break (T = 127, 129, 255,
+  257, 4095, 4097, and every expert one over each block size, ``BLOCK_SIZES``), hot, sparse
+  (experts with no tokens), all-negative and near-tied logits, and trained-size biases; meant
+  for GPUs.
+
+Kernel libraries pick their kernel by buckets of the token count (FlashInfer's autotuner by powers
+of two, AITER by ranges that start at 1-2, 3-4, 5-8, ...) or of the tokens per expert
+(triton_kernels' block_m, vLLM's Marlin block size), and a kernel wrong in one bucket is right in
+every other: so the production shapes take each side of each boundary. A TP or EP shard does not
+move either count (a shard sees all T tokens, and each local expert the same share of them), so
+the shards stay at T=128 and at one decode count.
 """
 
 from __future__ import annotations
@@ -23,6 +33,15 @@ PROFILES = ("pr", "nightly")
 SMALL_MODELS = ("tiny", "small", "odd", "dsmini", "tpsmall")
 BIG_MODELS = ("gptoss20b", "gptoss120b", "dsv3")
 _OTHER_ROUTINGS = ("Default", "RenormalizeNaive", "TopK", "Sigmoid", "SigmoidRenorm", "TopKSigmoid", "MiniMax2")
+DECODE_TOKENS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65)
+"""Each side of every power-of-two bucket boundary a decode batch meets (FlashInfer's autotuner
+buckets by powers of two; AITER's kernel table has a bucket of 3 and 4 tokens)."""
+PREFILL_TOKENS = (8192, 16384)
+"""Chunked prefill: vLLM sends up to its max batched tokens in one call (8192 by default on large
+GPUs, more where raised)."""
+BLOCK_SIZES = (8, 16, 32, 48, 64, 128)
+"""The M block sizes the adapters' kernels pick by tokens per expert: vLLM's Marlin 8, 16, 32, 48
+or 64; triton_kernels' block_m 16 to 128. Balanced cases put one token over each on every expert."""
 
 
 def _pr() -> list[Case]:
@@ -37,6 +56,9 @@ def _pr() -> list[Case]:
         make_case("small", 16, skew="negative"),
         make_case("small", 16, skew="neartie"),
         make_case("small", 20, skew="balanced"),  # 5 tokens per expert
+        make_case("small", 68, skew="balanced"),  # 17 per expert: one over a block of 16
+        make_case("small", 3),  # a decode bucket of its own in several kernel libraries
+        make_case("odd", 8192),  # a long prefill
         make_case("small", 16, inputs="trained"),
         make_case("tpsmall", 9, tp=2, tp_rank=0),
         make_case("tpsmall", 9, tp=2, tp_rank=1),
@@ -80,17 +102,19 @@ def _nightly() -> list[Case]:
         cases.append(make_case(m, t))
     for m, t in itertools.product(BIG_MODELS[:2], (1, 7, 128, 4096)):  # vLLM's other GPT-OSS routing path
         cases.append(make_case(m, t, routing="RenormalizeNaive"))
-    # where tiles break, at production shapes: token counts around the block sizes, every expert
-    # one over a block (tokens x 4 / E = 17, 65, 129), the adversarial routings, trained-size biases
+    # the serving regime at production shapes: each side of every decode bucket boundary, long
+    # prefill, token counts around the block sizes, every expert one over each block size (T x 4 /
+    # E tokens each), the adversarial routings, trained-size biases
     for m in BIG_MODELS[:2]:
-        cases += [make_case(m, t) for t in (127, 129, 255, 257, 4095, 4097)]
+        cases += [make_case(m, t) for t in (*DECODE_TOKENS, 127, 129, 255, 257, 4095, 4097, *PREFILL_TOKENS)]
         per = MODELS[m].experts // MODELS[m].top_k
-        cases += [make_case(m, per * n, skew="balanced") for n in (17, 65, 129)]
+        cases += [make_case(m, per * (b + 1), skew="balanced") for b in BLOCK_SIZES]
         cases += [make_case(m, 128, skew=s) for s in ("hot", "sparse", "negative", "neartie")]
         cases += [make_case(m, 128, inputs="trained"), make_case(m, 4096, inputs="trained")]
-    cases += [make_case("gptoss120b", 128, tp=8, tp_rank=r) for r in (0, 7)]
-    cases += [make_case("gptoss120b", 128, ep=4, ep_rank=r) for r in (0, 3)]
-    cases += [make_case("gptoss20b", 128, tp=4, tp_rank=r) for r in (0, 3)]
+    for t in (4, 128):  # a decode batch and a prefill tile on the shards
+        cases += [make_case("gptoss120b", t, tp=8, tp_rank=r) for r in (0, 7)]
+        cases += [make_case("gptoss120b", t, ep=4, ep_rank=r) for r in (0, 3)]
+        cases += [make_case("gptoss20b", t, tp=4, tp_rank=r) for r in (0, 3)]
     return cases
 
 
@@ -107,8 +131,8 @@ def profile_cases(profile: str) -> list[Case]:
 
 
 def production_cases() -> list[Case]:
-    """The production shapes: the nightly profile's gpt-oss cases (gpt-oss-20b and -120b at
-    T = 1 to 4097, both GPT-OSS routing paths, tile breaks, adversarial routings, trained-size
-    biases, TP and EP shards). A GPU sign-off judges every production kernel on them
+    """The production shapes: the nightly profile's gpt-oss cases (gpt-oss-20b and -120b from
+    decode batches to long prefill, both GPT-OSS routing paths, tile breaks, adversarial routings,
+    trained-size biases, TP and EP shards). A GPU sign-off judges every production kernel on them
     (``check --production-shapes``)."""
     return [c for c in profile_cases("nightly") if c.model.startswith("gptoss")]

@@ -30,7 +30,14 @@ from typing import TextIO
 
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
-from mxmoe.harness.contract.platforms import PEAK_MARGIN, case_gpu_gib, converted_gpu_gib, device_for, host_arch
+from mxmoe.harness.contract.platforms import (
+    PEAK_MARGIN,
+    case_gpu_gib,
+    converted_gpu_gib,
+    device_for,
+    host_arch,
+    tokens_gpu_gib,
+)
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
 from mxmoe.harness.run.registry import Loaded, load_spec
@@ -292,28 +299,33 @@ def _free_device_memory() -> None:
 @dataclass
 class _Needs:
     """Device memory (GiB) the sweep admits a case with: ``platforms.case_gpu_gib``, an estimate
-    from the case's weights, or ``PEAK_MARGIN`` times the largest peak a test of the same model on
-    weights of the same size (a shard's are smaller) has recorded so far in this sweep, or what a
-    test of that size running out of memory beside other cases raised it to, whichever is most.
-    The estimate scales one measured layer by weights alone; what a test takes also goes with its
-    tokens and its backends. The sweep starts each layer's costliest cases first, so what they took
-    is known before most of the layer's cases are admitted; but a peak is learned only from a test
+    from the case's weights and tokens, or ``PEAK_MARGIN`` times what tests of the same model on
+    weights of the same size (a shard's are smaller) have shown they take, whichever is more. What
+    a test took is learned less its tokens' part (``platforms.tokens_gpu_gib``) and given back with
+    the tokens of the case admitted: a long prefill case does not raise what the layer's decode
+    cases are admitted with, and is admitted with its tokens on top of what they took. A test shows what it takes by the
+    largest peak it recorded (``saw``), or by running out of memory beside other cases
+    (``out_of_memory``). The sweep starts each layer's costliest cases first, so what they took is
+    known before most of the layer's cases are admitted; but a peak is learned only from a test
     that finished, and the first cases of a size run on the estimate alone."""
 
     peaks: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Per model and weight size, the largest peak a test recorded, less its tokens' part."""
     raised: dict[tuple[str, int], float] = field(default_factory=dict)
     """Per model and weight size, what a test of that size running out of memory beside other cases
-    showed it needs (``out_of_memory``)."""
+    showed it needs (``out_of_memory``), less its tokens' part."""
 
     def __call__(self, case: Case) -> float:
-        key = (case.model, case.weight_elements)
-        return max(case_gpu_gib(case), PEAK_MARGIN * self.peaks.get(key, 0.0), self.raised.get(key, 0.0))
+        key, tokens = (case.model, case.weight_elements), tokens_gpu_gib(case)
+        shown = max(self.peaks.get(key, 0.0), self.raised.get(key, 0.0))
+        return max(case_gpu_gib(case), PEAK_MARGIN * (shown + tokens) if shown else 0.0)
 
     def saw(self, result: Result) -> None:
         """Learn from a finished test (a run out of memory too: it took at least its peak)."""
         if result.device_peak_gib:
-            key = (result.case.model, result.case.weight_elements)
-            self.peaks[key] = max(self.peaks.get(key, 0.0), result.device_peak_gib)
+            case = result.case
+            key = (case.model, case.weight_elements)
+            self.peaks[key] = max(self.peaks.get(key, 0.0), result.device_peak_gib - tokens_gpu_gib(case))
 
     def out_of_memory(self, case: Case, took: float | None) -> float:
         """A test on ``case`` ran out of memory beside other cases, having taken ``took`` GiB with
@@ -322,10 +334,10 @@ class _Needs:
         it is not, the test was inside its admission and a neighbour took more than its own); where
         the message does not say, with twice what this one was (doubling reaches enough in a few
         steps, and a need over the GPU's share runs only where its GPU has no other case). Returns
-        the need its size's cases are admitted with now."""
+        the need its size's cases of its tokens are admitted with now."""
         key = (case.model, case.weight_elements)
-        raised = 2 * self(case) if took is None else PEAK_MARGIN * took
-        self.raised[key] = max(self.raised.get(key, 0.0), raised)
+        shown = 2 * self(case) / PEAK_MARGIN if took is None else took
+        self.raised[key] = max(self.raised.get(key, 0.0), shown - tokens_gpu_gib(case))
         return self(case)
 
 

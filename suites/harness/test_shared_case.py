@@ -438,6 +438,47 @@ def test_a_case_is_admitted_with_what_tests_on_its_weights_took_where_that_is_mo
     assert needs(small) == 1.0 and needs(make_case("gptoss120b", 1)) == platforms.WORKER_GPU_GIB
 
 
+def test_a_long_prefill_case_is_admitted_with_its_tokens_and_a_decode_case_without_them():
+    """Past ``UNIT_TOKENS`` a case's tokens count (``tokens_gpu_gib``): gpt-oss-20b at T=16384 is
+    admitted with more than twice its weights' 15 GiB, while every case of the unit's tokens or
+    fewer keeps its weights' estimate, and a layer's converted weights stay budgeted by the layer.
+    What a long prefill test took is learned less its tokens: it raises the layer's decode cases by
+    what their weights showed, not by the prefill's activations, and a decode test's peak admits
+    the prefill case with its own tokens on top."""
+    from mxmoe.harness.contract import platforms
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.judge.engine import Result
+    from mxmoe.harness.run import sweep
+
+    decode, edge, prefill = (make_case("gptoss20b", t) for t in (4, platforms.UNIT_TOKENS, 16384))
+    weights = platforms.weights_gpu_gib(decode)
+    assert weights == pytest.approx(platforms.WORKER_GPU_GIB / 4)  # 32 of gpt-oss-120b's 128 experts
+    assert platforms.tokens_gpu_gib(decode) == platforms.tokens_gpu_gib(edge) == 0.0
+    assert platforms.case_gpu_gib(decode) == platforms.case_gpu_gib(edge) == weights
+    routed = (16384 - platforms.UNIT_TOKENS) * 4 * platforms.ROUTED_TOKEN_BYTES / (1 << 30)
+    assert platforms.tokens_gpu_gib(prefill) == pytest.approx(routed) and routed > weights
+    assert platforms.case_gpu_gib(prefill) == pytest.approx(weights + routed)
+    assert platforms.converted_gpu_gib(prefill) == platforms.converted_gpu_gib(decode) == pytest.approx(3.0)
+    # a small layer's rows are small: its long case adds a fraction of a GiB to its 1 GiB floor
+    assert 0.0 < platforms.tokens_gpu_gib(make_case("odd", 8192)) < 0.25
+
+    def seen(needs: sweep._Needs, case, peak: float) -> None:
+        result = Result(f"x-{case.id}", "x", ARCH, case, "PASS")
+        result.device_peak_gib = peak
+        needs.saw(result)
+
+    needs = sweep._Needs()
+    seen(needs, prefill, routed + 20.0)  # its weights' part: 20 GiB
+    assert needs(decode) == pytest.approx(platforms.PEAK_MARGIN * 20.0)
+    assert needs(prefill) == pytest.approx(platforms.PEAK_MARGIN * (20.0 + routed))
+    needs = sweep._Needs()
+    seen(needs, decode, 24.0)
+    assert needs(prefill) == pytest.approx(platforms.PEAK_MARGIN * (24.0 + routed))
+    # out of memory beside others: what it took, less its tokens, raises the layer
+    assert needs.out_of_memory(prefill, routed + 40.0) == pytest.approx(platforms.PEAK_MARGIN * (40.0 + routed))
+    assert needs(decode) == pytest.approx(platforms.PEAK_MARGIN * 40.0)
+
+
 def test_what_a_test_out_of_memory_took_is_read_from_torchs_message():
     """torch's CUDA message says what the process had in use and what it asked for; their sum is
     what the test took. A message that does not say gives None (the sweep then doubles)."""
