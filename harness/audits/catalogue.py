@@ -10,6 +10,9 @@ bf16, ``faults.ON_BF16_GEMM1``): rows of kind ``measured``, whose catch is repor
 required, since below that arithmetic's own roundings a fault may be invisible to any judge that
 never false-alarms. ``full`` runs every fault on every case, for the catch rates of both families.
 A module that fails at import (``IMPORT_FAILURE``) is run as the registry's stand-in for it.
+A fault runs only on the cases it can reach (``Mutant.reaches``: a token bucket's fault, only its
+bucket at production shapes); where none of the cases is one, its row says 'not reached': the
+list could not have caught it, which is what it shows, and no verdict of catching or missing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from mxmoe.harness.contract.backend import Backend
 from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.contract.platforms import device_for
-from mxmoe.harness.instruments.faults import MUTANTS, ON_BF16_GEMM1
+from mxmoe.harness.instruments.faults import MUTANTS, ON_BF16_GEMM1, Mutant
 from mxmoe.harness.instruments.honest import HONEST
 from mxmoe.harness.judge.bounds import reference_and_bound
 from mxmoe.harness.judge.engine import harness_error, peer_verdicts, run_case
@@ -75,6 +78,8 @@ class Row:
     harness_errors: int = 0
     """ERRORs of the harness itself (``engine.harness_error``): neither a catch nor a clean run."""
     skips: int = 0
+    unreached: int = 0
+    """Cases the fault cannot change (``Mutant.reaches``), not run."""
     first_catch: int | None = None
     """1-based count of cases run until the first FAIL or ERROR."""
     worst_ratio: float = 0.0
@@ -105,7 +110,7 @@ class Row:
         if self.harness_errors:
             return "HARNESS ERROR"
         if self.runs == 0:
-            return "NOT RUN"
+            return "not reached" if self.unreached and not self.skips else "NOT RUN"
         if self.kind == "mutant":
             return "caught" if self.caught else "MISSED"
         if self.kind == "measured":
@@ -144,6 +149,9 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None, full
             bounds: dict[object, object] = {}
             for backend, row, full in entries:
                 if row.caught and not full:
+                    continue
+                if isinstance(backend, Mutant) and not backend.reaches(case):
+                    row.unreached += 1
                     continue
                 if backend.supports(case, arch):
                     row.skips += 1

@@ -37,6 +37,8 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
     rows = run_catalogue(cases, arch, full=args.full)
 
     def outcome(r: object) -> str:
+        if not r.runs:
+            return "-"
         parts = [f"FAIL x{r.fails}"] * bool(r.fails) + [f"ERROR x{r.errors}"] * bool(r.errors)
         return ", ".join(parts) or "PASS"
 
@@ -69,6 +71,8 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
         "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
         "\n(--full: every fault on every case); *-bf16-gemm1: the sub-bound faults again on bf16 GEMMs with GEMM1's"
         "\noutput in bf16, their catch measured, not required (verdict 'not seen' where no case caught it);"
+        "\n'not reached': a fault no case of the selection can change (a token bucket's, at production shapes"
+        "\nonly: the nightly profile reaches it), run on none;"
         "\nworst z: the systematic-error test's largest z (threshold about 7: harness.judge.systematic);"
         " worst energy: the error's"
         "\nenergy over the declared arithmetic's prediction (its threshold is the case's: 1.25 at gpt-oss-20b"
@@ -172,7 +176,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--vendor",
         help="mutate a vendor's real kernels instead (harness.audits.mutation): triton (OpenAI triton_kernels, "
         "on a GPU), aiter (AITER's Triton a16w4; on a CPU, under Triton's interpreter on gfx942's code path) or "
-        "vllm (vLLM's own weight preparation, through vLLM's layer and the direct adapters; on a GPU)",
+        "vllm (vLLM's own weight preparation, through vLLM's layer and the direct adapters; on a GPU) or "
+        "flashinfer (the Python wrapper of FlashInfer's CUTLASS MoE, on SM90; with --tactics all under each tactic)",
     )
     p.add_argument("--case", action="append", default=[], metavar="ID", help="only these case ids (repeatable)")
     p.add_argument(

@@ -110,6 +110,8 @@ def explain(inputs: CaseInputs, got: torch.Tensor, arithmetic: Arithmetic) -> Di
         if cls.slug in NOT_CANDIDATES:
             continue
         fault = cls()
+        if not fault.reaches(inputs.case):
+            continue  # it cannot change this case's output
         ar = fault.declaration.arithmetic
         if ar not in own_bounds:
             own_bounds[ar] = reference_and_bound(inputs, ar).bound

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, generator_for
 from mxmoe.harness.instruments.honest import HonestBf16Gemm, HonestFp32
 from mxmoe.reference.activation import convert_layout, split_gate_up
@@ -41,6 +42,12 @@ class Mutant(HonestFp32):
     """Run every case (not only until the first catch)."""
     control: ClassVar[bool] = False
     """A change that is not a bug: it must never fire."""
+
+    def reaches(self, case: Case) -> bool:
+        """Whether the fault can change ``case``'s output at all. Every fault but a bucket's does;
+        a case list none of whose cases a fault reaches shows nothing about catching it (the
+        catalogue says 'not reached', not caught or missed)."""
+        return True
 
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
@@ -496,6 +503,31 @@ class CombineBf16(Mutant):
     fault = "the top-k combine summed in bf16 while the backend declares fp32 (an undeclared rounding point)"
     reference = f"a combine kernel that adds bf16 rows in bf16; {PEERS}: every element stays within tolerance"
     combine = torch.bfloat16
+
+
+class DecodeBucketWrong(Mutant):
+    slug = "bucket-3-4"
+    fault = (
+        "at a production hidden size (H >= 2048), calls of 3 or 4 tokens take a kernel that drops every token's "
+        "last top-k expert; every other token count is exact"
+    )
+    reference = (
+        "AITER issue #3933: the kernel picked for 3-4 tokens at DeepSeek-V4-Pro's MoE shape computed wrong output "
+        "(gsm8k 0.04 at concurrency 4, about 1.0 at 2 and 8)"
+    )
+    BUCKET: ClassVar[tuple[int, ...]] = (3, 4)
+    MIN_HIDDEN: ClassVar[int] = 2048
+
+    def reaches(self, case: Case) -> bool:
+        """Only its bucket at a production hidden size."""
+        return case.tokens in self.BUCKET and case.hidden >= self.MIN_HIDDEN
+
+    def route_tokens(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = super().route_tokens(inputs)
+        if self.reaches(inputs.case):
+            ids = ids.clone()
+            ids[:, -1] = -1
+        return weights, ids
 
 
 class NameErrorAtCall(Mutant):

@@ -52,3 +52,35 @@ def test_a_row_that_ran_nothing_or_met_a_harness_error_shows_nothing():
     assert errored.verdict == "HARNESS ERROR" and not errored.caught
     assert Row("mutant-x", "a fault", None, "mutant", runs=2, fails=1).verdict == "caught"
     assert {"NOT RUN", "HARNESS ERROR", "MISSED", "FALSE ALARM", "FAILS UNPATCHED"} == set(BAD_VERDICTS)
+    unreached = Row("mutant-x", "a fault", None, "mutant", unreached=3)
+    assert unreached.verdict == "not reached" and unreached.verdict not in BAD_VERDICTS
+    # a case it reached but could not run (a SKIP) still shows nothing
+    assert Row("mutant-x", "a fault", None, "mutant", unreached=3, skips=1).verdict == "NOT RUN"
+
+
+@pytest.mark.long(90)
+def test_a_token_bucket_fault_is_caught_by_the_nightly_and_missed_by_the_pr_profile(host_arch):
+    """The class of a kernel wrong for one bucket of token counts at one model's shape (3 or 4
+    tokens at a production hidden size, as AITER's was): no case of the pr profile can change under
+    it, so that profile passes it everywhere; the nightly's decode cases at gpt-oss's shapes take
+    the bucket and FAIL. Run on gpt-oss-20b's TP shards (H = 2880, a fraction of the weights: about
+    a minute on a 2-core CPU), where both profiles have cases. On this host's hardware: a GPU host
+    runs the fault there, as the nightly would."""
+    from mxmoe.harness.instruments.faults import DecodeBucketWrong
+    from mxmoe.harness.judge.engine import run_case
+    from mxmoe.harness.run.profiles import profile_cases
+
+    fault = DecodeBucketWrong()
+    pr, nightly = profile_cases("pr"), profile_cases("nightly")
+    assert not [c.id for c in pr if fault.reaches(c)]
+    reached = {c.id for c in nightly if fault.reaches(c)}
+    assert {f"{m}-interleaved-t{t}" for m in ("gptoss20b", "gptoss120b") for t in (3, 4)} <= reached
+    by_id = {c.id: c for c in pr + nightly}
+    for case_id, outcome in (
+        ("gptoss20b-interleaved-t4-tp4r3", "FAIL"),  # the nightly's decode batch on a shard: caught
+        ("gptoss20b-interleaved-t128-tp4r3", "PASS"),  # the same shard in another bucket: exact
+        ("gptoss20b-interleaved-t1-tp8r7", "PASS"),  # the pr profile's production shape: missed
+        ("small-interleaved-t3", "PASS"),  # the pr profile's decode bucket, at a small shape: missed
+    ):
+        result, _ = run_case(fault, by_id[case_id], host_arch)
+        assert result.outcome == outcome, (case_id, result.outcome, result.reason)
