@@ -30,10 +30,16 @@ from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.kernels import storage
 from mxmoe.reference.moe import round_to
 
-NEWEST_FLASHINFER = "0.7.2"
-"""The newer FlashInfer whose layout helpers are cross-checked beside the installed one
-(``suites/kernels/test_flashinfer_layouts.py``, in a subprocess): ``./dev`` puts it, without its
-dependencies, in ``.cache/vendor/flashinfer-<version>``, never in the environment."""
+VLLM_PINNED_FLASHINFER = "0.7.2"
+"""The FlashInfer release of the newest vLLM checked (vLLM 0.33.0 pins 0.7.2.post1, whose layout
+helpers and SM90 weight interleave kernel are 0.7.2's unchanged)."""
+NEWEST_FLASHINFER = "0.7.4"
+"""The newest FlashInfer release."""
+CACHED_FLASHINFERS = (VLLM_PINNED_FLASHINFER, NEWEST_FLASHINFER)
+"""The FlashInfer releases whose layout helpers are cross-checked beside the installed one
+(``suites/kernels/test_flashinfer_layouts.py``, each in a subprocess): ``python -m harness fetch
+flashinfer`` (which ``./dev`` runs) puts each, without its dependencies, in
+``.cache/vendor/flashinfer-<version>``, never in the environment."""
 
 SM90_LAYOUTS: dict[str, tuple[Storage, ...]] = {
     "0.6.9": (storage.sm90_scale_interleave(),),

@@ -1,6 +1,6 @@
 """``python -m harness fetch``: vendor code that is not installed (OpenAI triton_kernels from a vLLM
-wheel; vLLM's Python sources; another FlashInfer release's package) into the git-ignored cache
-(``harness.upstream.fetch``, ``harness.upstream.vllm_drift``)."""
+wheel; vLLM's Python sources; the packages of FlashInfer releases other than the installed one) into
+the git-ignored cache (``harness.upstream.fetch``, ``harness.upstream.vllm_drift``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from mxmoe.harness.cli.args import UsageError
 
 
 def _fetched(args: argparse.Namespace) -> Path | None:
-    """Where ``args.what`` already is in the cache, or None."""
-    from mxmoe.harness.upstream.fetch import flashinfer_root, triton_kernels_root
+    """Where ``args.what`` (not flashinfer: ``_fetch_flashinfer``) already is in the cache, or None."""
+    from mxmoe.harness.upstream.fetch import triton_kernels_root
     from mxmoe.harness.upstream.vllm_drift import vllm_fetched, vllm_root
 
     if args.what == "vllm":
@@ -31,11 +31,36 @@ def _fetched(args: argparse.Namespace) -> Path | None:
 
         py = args.python_version
         return runtime_root(args.vllm_version, py) if runtime_fetched(args.vllm_version, py) else None
-    where, marker = {
-        "triton-kernels": (triton_kernels_root(args.vllm_version), "triton_kernels/__init__.py"),
-        "flashinfer": (flashinfer_root(args.flashinfer_version), "flashinfer/__init__.py"),
-    }[args.what]
-    return where if (where / marker).is_file() else None
+    where = triton_kernels_root(args.vllm_version)
+    return where if (where / "triton_kernels" / "__init__.py").is_file() else None
+
+
+def flashinfer_versions(version: str | None) -> tuple[str, ...]:
+    """The FlashInfer releases ``fetch flashinfer`` puts in the cache: ``--flashinfer-version``, else
+    every release the layout cross-checks read from there (vLLM's pin and the newest)."""
+    from mxmoe.kernels.flashinfer_common import CACHED_FLASHINFERS
+
+    return (version,) if version else CACHED_FLASHINFERS
+
+
+def _fetch_flashinfer(versions: tuple[str, ...], if_missing: bool) -> int:
+    """Each FlashInfer release of ``versions`` into the cache; 1 if one of them failed."""
+    from mxmoe.harness.upstream.fetch import VendorMissing, fetch_flashinfer, flashinfer_root
+
+    rc = 0
+    for version in versions:
+        root = flashinfer_root(version)
+        if if_missing and (root / "flashinfer" / "__init__.py").is_file():
+            print(f"flashinfer {version}: already fetched, at {root}")
+            continue
+        try:
+            path = fetch_flashinfer(version)
+        except VendorMissing as exc:
+            print(f"fetch: {exc}", file=sys.stderr)
+            rc = 1
+            continue
+        print(f"flashinfer-python {version}'s package is at {path} (layout cross-checks)")
+    return rc
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
@@ -43,7 +68,6 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         DEFAULT_VLLM,
         NEWEST_VLLM,
         VendorMissing,
-        fetch_flashinfer,
         fetch_triton_kernels,
     )
     from mxmoe.harness.upstream.vllm_drift import fetch_vllm
@@ -56,6 +80,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         raise UsageError(f"--wheel: no such file {args.wheel!r}")
     if args.wheel and args.what in ("flashinfer", "vllm-source"):
         raise UsageError(f"--wheel: a vLLM wheel; {args.what} is fetched from PyPI")
+    if args.what == "flashinfer":
+        return _fetch_flashinfer(flashinfer_versions(args.flashinfer_version), args.if_missing)
     wheel = Path(args.wheel) if args.wheel else None
     if args.if_missing and (found := _fetched(args)) is not None:
         print(f"{args.what}: already fetched, at {found}")
@@ -64,9 +90,6 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         if args.what == "triton-kernels":
             path = fetch_triton_kernels(args.vllm_version, wheel)
             print(f"triton_kernels (from vLLM {args.vllm_version}'s wheel) is at {path}; it is found there at run time")
-        elif args.what == "flashinfer":
-            path = fetch_flashinfer(args.flashinfer_version)
-            print(f"flashinfer-python {args.flashinfer_version}'s package is at {path} (layout cross-checks)")
         elif args.what == "vllm-source":
             from mxmoe.harness.upstream.vllm_ops import fetch_source
 
@@ -94,7 +117,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``fetch`` to ``python -m harness``."""
     from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
-    from mxmoe.kernels.flashinfer_common import NEWEST_FLASHINFER
+    from mxmoe.kernels.flashinfer_common import CACHED_FLASHINFERS
 
     p = sub.add_parser(
         "fetch", help="put vendor code (triton_kernels, vLLM's sources or runtime, FlashInfer) into the ignored cache"
@@ -103,7 +126,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "what", choices=["triton-kernels", "vllm", "vllm-runtime", "vllm-source", "flashinfer"],
         help="triton_kernels, vLLM's Python sources (for vllm-drift), vLLM's carryable runtime (its Python and the "
         "packages its MoE layer imports, ~25 MiB, for a GPU machine without vLLM or network), vLLM's source package "
-        "(what build-vllm-ops compiles), or a FlashInfer release's package (layout cross-checks; never installed)",
+        "(what build-vllm-ops compiles), or FlashInfer releases' packages (layout cross-checks; never installed)",
     )
     p.add_argument(
         "--vllm-version",
@@ -112,7 +135,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--wheel", metavar="PATH", help="a vLLM wheel already on this machine (no download)")
     p.add_argument(
-        "--flashinfer-version", default=NEWEST_FLASHINFER, help="with flashinfer: the release (default %(default)s)"
+        "--flashinfer-version",
+        help=f"with flashinfer: the release (default: the cross-checked ones, {' and '.join(CACHED_FLASHINFERS)})",
     )
     p.add_argument(
         "--python-version", metavar="X.Y",

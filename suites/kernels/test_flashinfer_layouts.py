@@ -1,9 +1,10 @@
 """The project's FlashInfer storage steps against FlashInfer's own layout code, on the same bytes,
 with K > 128 (at K = 128 the old and new SM90 scale layouts coincide, which once hid a bug), for
-two FlashInfer releases: the installed one (./dev installs 0.6.14 on GPU-less hosts), imported
-here, and ``NEWEST_FLASHINFER`` (0.7.2), which only ./dev's copy in
-``.cache/vendor/flashinfer-<version>`` holds and which a subprocess imports (one process imports
-one flashinfer). Both are given the same input bytes, made here.
+three FlashInfer releases: the installed one (./dev installs 0.6.14 on GPU-less hosts), imported
+here, and the two of ``CACHED_FLASHINFERS``, ``VLLM_PINNED_FLASHINFER`` (0.7.2, the release of
+vLLM 0.33.0's pin) and ``NEWEST_FLASHINFER`` (0.7.4), which only ./dev's copies in
+``.cache/vendor/flashinfer-<version>`` hold and which a subprocess each imports (one process
+imports one flashinfer). All are given the same input bytes, made here.
 
 For each release, the SM90 layout checked is the generation the adapter picks for that version
 (``sm90_generation``): its scale step against FlashInfer's pure-torch
@@ -32,15 +33,23 @@ import torch
 
 from mxmoe.harness.upstream.fetch import flashinfer_root
 from mxmoe.kernels import storage
-from mxmoe.kernels.flashinfer_common import NEWEST_FLASHINFER, SM90_LAYOUTS, installed_version, sm90_generation
+from mxmoe.kernels.flashinfer_common import (
+    CACHED_FLASHINFERS,
+    NEWEST_FLASHINFER,
+    SM90_LAYOUTS,
+    VLLM_PINNED_FLASHINFER,
+    installed_version,
+    sm90_generation,
+)
 from mxmoe.reference.activation import convert_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-NEWEST_DIR = flashinfer_root(NEWEST_FLASHINFER)
 WEIGHT_KERNEL_SOURCE = "data/csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_mixed_utils.cu"
 """Where a flashinfer-python wheel keeps the SM90 weight interleave kernel, from the package folder."""
 EPILOGUE_TILE_M = 128
-INSTALLED, NEWEST = "installed", "newest"
+INSTALLED = "installed"
+CACHED_ROLES = {VLLM_PINNED_FLASHINFER: "vllm-pinned", NEWEST_FLASHINFER: "newest"}
+"""The test id's word for each cached release."""
 
 
 def _bytes(*shape: int, seed: int) -> torch.Tensor:
@@ -76,8 +85,8 @@ def _cases() -> dict[str, tuple[str, torch.Tensor]]:
 
 def flashinfer_outputs(cases: dict[str, tuple[str, torch.Tensor]]) -> dict[str, object]:
     """FlashInfer's pure-torch helpers on ``cases``, with the importable flashinfer (run in this
-    process for the installed release and in a subprocess for the newest). A helper the release
-    does not have gives None."""
+    process for the installed release and in a subprocess for each cached one). A helper the
+    release does not have gives None."""
     import flashinfer
     import flashinfer.fused_moe as fused_moe
     from flashinfer.fused_moe import core
@@ -199,23 +208,22 @@ class Release:
         return self.kernel
 
 
-def _run_newest(cases_file: Path, out_file: Path) -> None:
-    if not (NEWEST_DIR / "flashinfer" / "__init__.py").is_file():
+def _run_cached(version: str, cases_file: Path, out_file: Path) -> None:
+    root = flashinfer_root(version)
+    if not (root / "flashinfer" / "__init__.py").is_file():
         pytest.skip(
-            f"flashinfer-python {NEWEST_FLASHINFER} is not in {NEWEST_DIR}: `./dev test` fetches it on hosts without "
-            "a GPU, or run `python -m harness fetch flashinfer`"
+            f"flashinfer-python {version} is not in {root}: `./dev test` fetches it on hosts without a GPU, or run "
+            "`python -m harness fetch flashinfer`"
         )
-    cmd = [sys.executable, __file__, str(NEWEST_DIR), NEWEST_FLASHINFER, str(cases_file), str(out_file)]
+    cmd = [sys.executable, __file__, str(root), version, str(cases_file), str(out_file)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, (
-        f"flashinfer {NEWEST_FLASHINFER}'s helpers failed in a subprocess:\n{proc.stderr[-4000:]}"
-    )
+    assert proc.returncode == 0, f"flashinfer {version}'s helpers failed in a subprocess:\n{proc.stderr[-4000:]}"
 
 
 @pytest.fixture(
     scope="module",
-    params=[INSTALLED, NEWEST],
-    ids=[f"installed-{installed_version()}", f"cached-{NEWEST_FLASHINFER}"],
+    params=[INSTALLED, *CACHED_FLASHINFERS],
+    ids=[f"installed-{installed_version()}", *(f"{CACHED_ROLES[v]}-{v}" for v in CACHED_FLASHINFERS)],
 )
 def release(request, tmp_path_factory) -> Release:
     cases = _cases()
@@ -230,17 +238,18 @@ def release(request, tmp_path_factory) -> Release:
         assert outputs["version"] == installed_version()
     else:
         torch.save(cases, tmp / "cases.pt")
-        _run_newest(tmp / "cases.pt", tmp / "outputs.pt")
+        _run_cached(request.param, tmp / "cases.pt", tmp / "outputs.pt")
         outputs = torch.load(tmp / "outputs.pt")
-        assert outputs["version"] == NEWEST_FLASHINFER, outputs["version"]
-        assert Path(outputs["file"]).resolve().is_relative_to(NEWEST_DIR.resolve()), outputs["file"]
+        assert outputs["version"] == request.param, outputs["version"]
+        assert Path(outputs["file"]).resolve().is_relative_to(flashinfer_root(request.param).resolve()), outputs["file"]
     return Release(outputs["version"], Path(outputs["file"]).parent, outputs, tmp)
 
 
 @pytest.mark.parametrize("name", sorted(SM90_SCALES))
 def test_sm90_scales_match_flashinfer(release, name):
     """The scale step of the generation the adapter picks for this release (0.6.14: the
-    [E, K/128, 4R] interleave; 0.7.2: the [E, R/64, K/128, 16, 16] fold) against FlashInfer's."""
+    [E, K/128, 4R] interleave; 0.7.2 and 0.7.4: the [E, R/64, K/128, 16, 16] fold) against
+    FlashInfer's."""
     s = _cases()[f"sm90-scales-{name}"][1]
     theirs = release.output(f"sm90-scales-{name}")
     ours = release.step("w13_scales").forward(s, "w13_scales")
@@ -251,8 +260,8 @@ def test_sm90_scales_match_flashinfer(release, name):
 @pytest.mark.parametrize("name", sorted(SM90_WEIGHTS))
 def test_sm90_weights_match_flashinfer_kernel(release, name):
     """The weight step of the generation the adapter picks for this release (0.6.14: the nibble
-    interleave of rows r, r + 8; 0.7.2: the bit-level repack) against FlashInfer's CUDA kernel,
-    compiled from the release's own source."""
+    interleave of rows r, r + 8; 0.7.2 and 0.7.4: the bit-level repack) against FlashInfer's CUDA
+    kernel, compiled from the release's own source."""
     kernel = release.weight_kernel()
     i = sorted(SM90_WEIGHTS).index(name)
     w = _bytes(*SM90_WEIGHTS[name], seed=20 + i)
@@ -283,20 +292,22 @@ def test_trtllm_w13_pair_swap_and_shuffle_match_flashinfer_sm100(release, rows):
         assert torch.equal(theirs.long(), ours), (release.version, kind)
 
 
-def test_dev_test_prefetches_the_release_these_tests_read():
-    """``./dev test`` prefetches ``fetch flashinfer``, and that command's default release lands where
-    these tests look for the newest one (a set-up that fetched another would make them skip)."""
+def test_dev_test_prefetches_the_releases_these_tests_read():
+    """``./dev test`` prefetches ``fetch flashinfer``, and that command's default releases land where
+    these tests look for the cached ones (a set-up that fetched others would make them skip)."""
     from mxmoe.harness.cli.app import build_parser
+    from mxmoe.harness.cli.fetch import flashinfer_versions
 
     dev = (ROOT / "dev").read_text()
     prefetch = dev[dev.index("prefetch() {"):]
     prefetch = prefetch[: prefetch.index("\n}\n")]
     assert "fetch_one flashinfer" in prefetch and 'harness fetch "$@" --if-missing' in dev
     args = build_parser().parse_args(["fetch", "flashinfer"])
-    assert flashinfer_root(args.flashinfer_version) == NEWEST_DIR
+    assert flashinfer_versions(args.flashinfer_version) == CACHED_FLASHINFERS
+    assert len(set(CACHED_FLASHINFERS)) == len(CACHED_FLASHINFERS) == len(CACHED_ROLES)
 
 
-if __name__ == "__main__":  # the newest release's side: python THIS_FILE PACKAGE_ROOT VERSION CASES OUT
+if __name__ == "__main__":  # a cached release's side: python THIS_FILE PACKAGE_ROOT VERSION CASES OUT
     root, version, cases_file, out_file = sys.argv[1:]
     sys.path.insert(0, root)
     result = flashinfer_outputs(torch.load(cases_file))
