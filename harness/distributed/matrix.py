@@ -36,8 +36,9 @@ GROUPS = {
     "vllm": ("vllm-*",),
 }
 """Backend groups (globs over ids): one suite job per group and architecture that has any."""
-SHARDS = {"portable": 2}
-"""Shards per group (default 1): the portable backends run every case on every architecture."""
+SHARDS = {"portable": 2, "flashinfer": 4}
+"""Shards per group (default 1): the portable backends run every case on every architecture, and
+FlashInfer's CUTLASS kernel runs under each of its 24 tactics on SM90."""
 GPU_ARCHS = ("sm90", "sm100", "sm120", "gfx942", "gfx950")
 """Architectures the nightly matrix covers (each needs runners with its label)."""
 RUNNER_GPUS = 8

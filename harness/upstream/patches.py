@@ -329,3 +329,29 @@ VLLM_PATCHES: tuple[Patch, ...] = (
     ),
 )  # fmt: skip
 """Bugs planted in vLLM's own MXFP4 weight preparation (``python -m harness mutants --vendor vllm``)."""
+
+
+_FC = "fused_moe/core.py"
+FLASHINFER_PATCHES: tuple[Patch, ...] = (
+    # One-line bugs in FlashInfer 0.6.14's Python wrapper of its CUTLASS MoE (``cutlass_fused_moe``,
+    # the call into the compiled runner): each changes what the kernel is handed, under every tactic.
+    Patch(
+        "fc2-bias-dropped", "bias", "the second GEMM's bias not handed to the kernel",
+        (Edit(_FC, "            fc2_expert_biases,", "            None,"),),
+    ),
+    Patch(
+        "swiglu-limit-dropped", "activation", "swigluoai's clamp limit not handed to the kernel (no clamp)",
+        (Edit(_FC, "            swiglu_limit,", "            None,"),),
+    ),
+    Patch(
+        "swiglu-alpha-dropped", "activation", "swigluoai's alpha not handed to the kernel (its default instead)",
+        (Edit(_FC, "            swiglu_alpha,", "            None,"),),
+    ),
+    Patch(
+        "routing-weights-ignored", "routing-weight", "every chosen expert combined with weight 1",
+        (Edit(_FC, "            token_final_scales,", "            torch.ones_like(token_final_scales),"),),
+    ),
+)  # fmt: skip
+"""The patches of ``mutants --vendor flashinfer`` (GPU only: the kernel is SM90 CUDA). With
+``--tactics all`` each runs under every declared tactic of the adapter as well, a row each."""
+

@@ -254,6 +254,59 @@ def test_installed_flashinfer_has_every_routing_method_the_trtllm_backends_decla
     assert fic.enum_member(activation, "Swiglu", "ActivationType")
 
 
+def test_a_flashinfer_cutlass_tactic_forces_both_gemms_and_leaves_the_autotuner_as_it_was(monkeypatch):
+    """``forced_tactic``: GEMM1's choice is the config's index, GEMM2's the same config in its own
+    list (GEMM1's count plus it), other ops are the AutoTuner's own; afterwards the AutoTuner answers
+    as before; a runner whose lists are not the known ones is refused, not indexed blindly. On the
+    installed FlashInfer's real AutoTuner object, with its choice stubbed (no GPU here)."""
+    pytest.importorskip("flashinfer.autotuner", reason="flashinfer-python is not installed (`./dev test` installs it)")
+    from types import SimpleNamespace
+
+    from flashinfer.autotuner import AutoTuner
+
+    from mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16 import (
+        FI_CUTLASS_TACTICS,
+        SM90_W4A16_CONFIGS,
+        FlashInferCutlassMxfp4Bf16,
+        FlashInferCutlassMxfp4Bf16OldLayout,
+        forced_tactic,
+    )
+
+    tuner = AutoTuner.get()
+    monkeypatch.setattr(type(tuner), "choose_one", lambda self, op, runners, *a, **k: (runners[0], -1))
+
+    def runner(count: int) -> SimpleNamespace:
+        counts = SimpleNamespace(get_gemm1_tactic_count=lambda: count, get_gemm2_tactic_count=lambda: count)
+        return SimpleNamespace(fused_moe_runner=counts)
+
+    r, n = runner(len(SM90_W4A16_CONFIGS)), len(SM90_W4A16_CONFIGS)
+    with forced_tactic(5):
+        assert tuner.choose_one("trtllm::fused_moe::gemm1", [r], None, [], gemm_idx=1) == (r, 5)
+        assert tuner.choose_one("trtllm::fused_moe::gemm2", [r], None, [], gemm_idx=2) == (r, n + 5)
+        assert tuner.choose_one("flashinfer::other_op", [r], None, []) == (r, -1)
+        with pytest.raises(RuntimeError, match="lists 116 GEMM1 and 116 GEMM2 tactics"):
+            tuner.choose_one("trtllm::fused_moe::gemm1", [runner(116)], None, [])
+    assert "choose_one" not in vars(tuner)
+    assert tuner.choose_one("trtllm::fused_moe::gemm1", [r], None, []) == (r, -1)
+    with forced_tactic(None):
+        assert "choose_one" not in vars(tuner)
+
+    # one tactic per distinct kernel: every tile and cluster but the 64x128 tiles (the 64x64 kernel)
+    configs = [dict(t.settings)["config"] for t in FI_CUTLASS_TACTICS]
+    assert len(SM90_W4A16_CONFIGS) == 28 and configs == [i for i in range(28) if not 12 <= i < 16]
+    assert FlashInferCutlassMxfp4Bf16.declaration.tactics == FI_CUTLASS_TACTICS
+    assert FlashInferCutlassMxfp4Bf16OldLayout.declaration.tactics == ()
+    forced = FlashInferCutlassMxfp4Bf16()
+    forced.with_tactic("m128n64c22")
+    assert forced.declaration.id == "flashinfer-cutlass-mxfp4-bf16-tactic-m128n64c22"
+    import mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16 as fcm
+
+    monkeypatch.setattr(fic.FlashInferKernel, "check_call", lambda self: None)
+    monkeypatch.setattr(fcm, "installed_version", lambda: "0.7.4")
+    with pytest.raises(BackendUnavailable, match="FlashInfer 0.7.4 is installed, whose list differs"):
+        forced.check_call()
+
+
 def test_flashinfer_jit_compile_is_refused_unless_asked(monkeypatch, tmp_path):
     pytest.importorskip("flashinfer.jit", reason="flashinfer-python is not installed")
     from flashinfer.jit import env as jit_env

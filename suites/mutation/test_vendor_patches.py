@@ -13,7 +13,15 @@ import torch
 
 from mxmoe.harness.audits.mutation.patched import VENDORS, PatchError, apply, vendor
 from mxmoe.harness.upstream.fetch import VendorMissing
-from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Edit, Patch, replace_line
+from mxmoe.harness.upstream.patches import (
+    AITER_PATCHES,
+    FLASHINFER_PATCHES,
+    TRITON_PATCHES,
+    VLLM_PATCHES,
+    Edit,
+    Patch,
+    replace_line,
+)
 
 
 @pytest.mark.parametrize("patches", [TRITON_PATCHES, AITER_PATCHES], ids=["triton", "aiter"])
@@ -29,8 +37,8 @@ def test_each_vendor_has_eight_or_more_one_line_patches_across_the_kernel(patche
 def test_patch_and_vendor_reject_unknown_names():
     with pytest.raises(ValueError, match="category must be one of"):
         Patch("x", "epilogue", "?", (Edit("a.py", "a", "b"),))
-    with pytest.raises(ValueError, match="--vendor must be one of triton, aiter, vllm; got 'flashinfer'"):
-        vendor("flashinfer")
+    with pytest.raises(ValueError, match="--vendor must be one of triton, aiter, vllm, flashinfer; got 'cutlass'"):
+        vendor("cutlass")
 
 
 def test_the_vllm_patches_are_one_line_edits_of_its_weight_preparation_run_by_its_layer_and_the_adapters():
@@ -55,6 +63,48 @@ def test_every_vendor_runs_registered_backends(name):
 
     registered = {item.backend.declaration.id for item in discover()}
     assert set(VENDORS[name].backends) <= registered, set(VENDORS[name].backends) - registered
+
+
+FLASHINFER_TESTED = "0.6.14"
+"""The FlashInfer release FLASHINFER_PATCHES are written against (the one ``./dev`` installs)."""
+
+
+def test_every_flashinfer_patch_applies_to_the_release_it_is_written_for_and_runs_under_each_tactic():
+    """Each edit's old line occurs exactly once in the installed FlashInfer 0.6.14's wrapper, and
+    patching the file changes that line alone (as vLLM's are checked; copying the package per patch
+    is the generic test's); the vendor runs the direct adapter, whose declared tactics ``--tactics
+    all`` adds as rows of their own."""
+    from mxmoe.kernels.flashinfer_common import installed_version
+    from mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16 import FlashInferCutlassMxfp4Bf16
+
+    v = VENDORS["flashinfer"]
+    assert (v.package, v.patches, v.backends) == ("flashinfer", FLASHINFER_PATCHES, ("flashinfer-cutlass-mxfp4-bf16",))
+    assert len(FlashInferCutlassMxfp4Bf16.declaration.tactics) == 24
+    if installed_version() != FLASHINFER_TESTED:
+        pytest.skip(f"FlashInfer {installed_version()} is installed, not {FLASHINFER_TESTED} "
+                    f"(./dev test installs {FLASHINFER_TESTED} on a host without a GPU)")  # fmt: skip
+    pkg = v.locate()
+    for p in FLASHINFER_PATCHES:
+        for e in p.edits:
+            text = (pkg / e.file).read_text()
+            patched = replace_line(text, e, f"patch {p.slug}")
+            changed = [(a, b) for a, b in zip(text.split("\n"), patched.split("\n")) if a != b]
+            assert changed == [(e.old, e.new)], p.slug
+
+
+def test_a_vendor_that_runs_nowhere_here_says_each_reason_once():
+    """With every tactic, one reason (the adapters are declared for sm90 only) stops 25 adapters;
+    the error says it once, names three of them and counts the rest, and keeps a different reason
+    apart."""
+    from mxmoe.harness.audits.mutation.patched import none_runs
+
+    ids = ["fi"] + [f"fi-tactic-t{i:02d}" for i in range(24)]
+    records = [{"backend": b, "reason": f"{b} does not run on cpu (declared: sm90)"} for b in ids]
+    records.append({"backend": "fi-other", "reason": "fi-other cannot run here: no module named flashinfer"})
+    said = none_runs("flashinfer", records)
+    assert said == ("no adapter of flashinfer runs a case on this host: fi, fi-tactic-t00, fi-tactic-t01 and 22 "
+                    "more: it does not run on cpu (declared: sm90); fi-other: it cannot run here: no module named "
+                    "flashinfer")  # fmt: skip
 
 
 VLLM_TESTED = "0.33.0"

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mxmoe.harness.audits.catalogue import PEER_RULES, UNPATCHED_FAILS, Row
-from mxmoe.harness.upstream.patches import AITER_PATCHES, TRITON_PATCHES, VLLM_PATCHES, Patch, PatchError, replace_line
+from mxmoe.harness.upstream.patches import (
+    AITER_PATCHES,
+    FLASHINFER_PATCHES,
+    TRITON_PATCHES,
+    VLLM_PATCHES,
+    Patch,
+    PatchError,
+    replace_line,
+)
 
 if TYPE_CHECKING:  # the worker imports this module before the vendor copy: nothing heavy up front
     import torch
@@ -91,6 +99,20 @@ def _vllm_dir() -> Path:
     return unpack() / "vllm"
 
 
+def _flashinfer_dir() -> Path:
+    """The installed FlashInfer's package folder (its Python wrapper is what the patches edit; the
+    compiled kernel is the one the adapter finds, FlashInfer's own or the project's subset build)."""
+    import importlib.util
+
+    from mxmoe.harness.upstream.fetch import VendorMissing
+
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.origin:
+        raise VendorMissing("no flashinfer installed: pip install flashinfer-python==0.6.14 (and on a GPU, "
+                            "python -m harness build-flashinfer for its SM90 MoE kernel)")  # fmt: skip
+    return Path(spec.origin).parent
+
+
 VLLM_BACKENDS = ("vllm-triton", "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin", "triton",
                  "triton-unfused", "flashinfer-cutlass-mxfp4-bf16")  # fmt: skip
 """vLLM's layer for each backend it runs on Hopper, and the direct adapters of the same kernels (which
@@ -105,6 +127,9 @@ VENDORS: dict[str, Vendor] = {
         target_modules=("aiter.ops.triton.utils._triton.arch_info",),
     ),
     "vllm": Vendor("vllm", "vllm", VLLM_BACKENDS, VLLM_PATCHES, _vllm_dir),
+    "flashinfer": Vendor(
+        "flashinfer", "flashinfer", ("flashinfer-cutlass-mxfp4-bf16",), FLASHINFER_PATCHES, _flashinfer_dir,
+    ),
 }  # fmt: skip
 
 
@@ -235,6 +260,21 @@ def _worker(v: Vendor, root: Path, profile: str, case_ids: list[str], out: Path,
     return records
 
 
+def none_runs(vendor: str, records: list[dict]) -> str:
+    """Why no adapter of ``vendor`` ran a case here, each reason once with the adapters it stops:
+    with every tactic a reason such as "declared for sm90 only" holds for 25 adapters, and listing it
+    25 times hides it."""
+    by_reason: dict[str, list[str]] = {}
+    for r in records:
+        by_reason.setdefault(r["reason"].replace(r["backend"], "it"), []).append(r["backend"])
+    said = []
+    for reason, backends in by_reason.items():  # in the order the adapters ran
+        names = sorted(set(backends))
+        who = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        said.append(f"{who}: {reason}")
+    return f"no adapter of {vendor} runs a case on this host: " + "; ".join(said)
+
+
 def run_vendor(
     v: Vendor, profile: str, case_ids: list[str], jobs: int = 1, log: Callable[[str], None] = print,
     only: list[str] | None = None, tactics: str = "default",
@@ -260,8 +300,7 @@ def run_vendor(
         base = _worker(v, roots[None], profile, case_ids, tmp_path / "unpatched.jsonl", tactics, ("--save", saved))
         control = _rows(None, v, base, {})
         if not any(r.runs for r in control):
-            reasons = sorted({f"{r['backend']}: {r['reason']}" for r in base})
-            raise RuntimeError(f"no adapter of {v.name} runs a case on this host: " + "; ".join(reasons))
+            raise RuntimeError(none_runs(v.name, base))
         log("unpatched: " + ", ".join(f"{r.backend} {r.verdict}" for r in control))
         digests = {(r["backend"], r["case"]): r["digest"] for r in base}
 
