@@ -161,6 +161,31 @@ def converted_gpu_gib(case: Case) -> float:
     return min(CONVERTED_GPU_GIB, max(1.0, weights_gpu_gib(case)) * CONVERTED_GPU_GIB / WORKER_GPU_GIB)
 
 
+CONTEXT_GIB = 0.5
+"""Device memory a process's CUDA context takes, which no allocator counts (on an H100, 2026-12-05,
+each process that held nothing else showed 518 MiB in torch's out-of-memory message)."""
+
+
+def free_device_memory() -> None:
+    """Give what this process no longer uses back to its GPU: collect garbage first, since a
+    backend's exception (an out-of-memory one above all) leaves its frames, and the tensors they
+    hold, in reference cycles that only the collector frees and ``empty_cache`` cannot return.
+    A full collection in a process that imported vLLM takes a noticeable fraction of a second, so
+    callers do this after heavy work, not after every test."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def says_out_of_memory(text: str) -> bool:
+    """Whether an error's text is the device running out of memory: torch's OutOfMemoryError, the
+    CUDA or HIP runtime's "out of memory" (a context that could not be created too), or a backend's
+    own wrapped message. Other processes on the same GPU can cause it."""
+    return "OutOfMemoryError" in text or "out of memory" in text.lower()
+
+
 def gpu_share_gib() -> float | None:
     """``DEVICE_SHARE`` of the free memory of the fullest visible GPU (GiB), the most a sweep's
     cases hold at once on each GPU; None without GPUs (a CPU sweep admits by workers alone)."""

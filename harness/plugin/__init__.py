@@ -17,6 +17,15 @@ kernel fault (a segfault, an illegal memory access that ends the process) is rep
 the test it was running is recorded here as that case's ERROR (with ``--results``), and every
 other worker's results stay in their own files.
 
+Workers that share a GPU share its memory through a ledger (``harness.run.ledger``): each test takes
+a share before it runs and gives it back after, its need estimated from the case it runs (a
+differential's, a ``Case`` among its parameters, or a ``device_case`` mark's: ``PEAK_MARGIN`` times
+``platforms.case_gpu_gib``; else ``TEST_GIB``), and a worker hands its allocator's cache back after a
+heavy test. A test that runs out of device memory beside others' shares runs again alone, once, and
+says so in its report and in the run's summary; out of memory alone, it fails. ``--device-share GIB``
+sets what the shares of one GPU may add up to (default: ``DEVICE_SHARE`` of the GPU less each of its
+workers' CUDA context).
+
 Any test that requests ``differential`` is parametrized over every selected backend x every arch
 it declares x every case of the profile, with ids ``engine.test_id`` (``emulation-gfx942-tiny-
 interleaved-t7``). The set is the same on every host: whether this host has the arch is decided
@@ -149,6 +158,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="test profile: pr (fast, what CI runs) or nightly (many more cases)",
     )
     group.addoption(
+        "--device-share",
+        default=None,
+        type=float,
+        metavar="GIB",
+        help="device memory the tests running at once on one GPU may hold together, in GiB (pytest-xdist's "
+        "workers take shares of it per test); default: 90%% of the GPU less each worker's CUDA context. "
+        "Given explicitly, the workers share it on a host without a GPU too",
+    )
+    group.addoption(
         "--results",
         default=None,
         metavar="DIR",
@@ -164,6 +182,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(config.getoption("--profile"))
     config.addinivalue_line(
         "markers", "long(seconds): runs for minutes on a 2-core CPU (about SECONDS); started first under xdist"
+    )
+    config.addinivalue_line(
+        "markers", "device_case(*cases): runs these cases on the host's device; its share of GPU memory is theirs"
     )
     if getattr(config.option, "maxschedchunk", "absent") is None:
         # xdist hands each worker a quarter of its share at once by default, in collection order;
@@ -232,6 +253,141 @@ _CONTROLLER: dict[str, pytest.Config] = {}
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _CONTROLLER["config"] = session.config
+
+
+TEST_GIB = 1.0
+"""The share of GPU memory (GiB) a test that names no case runs with: most of the suite touches the
+GPU lightly or not at all. One that holds more names its cases (a ``Case`` parameter, or the
+``device_case`` mark); what an estimate misses, running out of memory beside others shows."""
+CACHE_KEPT_GIB = 1.0
+"""A worker whose allocator has more than this cached after a test gives it back to the GPU before
+its share goes (``platforms.free_device_memory``); under it, the garbage collection that takes costs
+more than the memory is worth."""
+RAN_AGAIN_ALONE = "ran again alone"
+"""The user property of a test that ran out of device memory beside others and ran again alone."""
+_LEDGER = pytest.StashKey[object]()
+_ALONE = pytest.StashKey[bool]()
+_AGAIN = pytest.StashKey[list[str]]()
+
+
+class OutOfMemoryBesideOthers(Exception):
+    """A differential test's backend ran out of device memory while other tests held shares of
+    its GPU: not a verdict, so nothing is recorded, and the test runs again alone."""
+
+
+def _ledger(config: pytest.Config) -> object | None:
+    """This xdist worker's GPU's ``Ledger``, or None where no workers share a device: not an xdist
+    worker, a single worker, or a host without a GPU (unless ``--device-share`` is given)."""
+    if _LEDGER not in config.stash:
+        config.stash[_LEDGER] = None
+        run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        share = config.getoption("--device-share")
+        if run_id and workers > 1 and worker.startswith("gw") and worker[2:].isdigit():
+            import torch
+
+            from mxmoe.harness.contract.platforms import CONTEXT_GIB, DEVICE_SHARE
+            from mxmoe.harness.run.ledger import Ledger
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if gpus or share is not None:
+                gpu = int(worker[2:]) % max(gpus, 1)  # as pin_gpu pins it
+                if share is None:
+                    total = torch.cuda.get_device_properties(gpu).total_memory / (1 << 30)
+                    share = DEVICE_SHARE * total - CONTEXT_GIB * len(range(gpu, workers, gpus))
+                config.stash[_LEDGER] = Ledger.for_run(run_id, gpu, share)
+    return config.stash[_LEDGER]
+
+
+def _device_need(item: pytest.Item) -> float:
+    """The share (GiB) ``item`` runs with: ``PEAK_MARGIN`` times ``case_gpu_gib`` of the largest
+    case it runs on this host's device (a differential's on this host's arch, any ``Case``
+    parameter, a ``device_case`` mark's cases), at least ``TEST_GIB``."""
+    from mxmoe.harness.contract.platforms import PEAK_MARGIN, case_gpu_gib, host_arch
+
+    cases = [case for mark in item.iter_markers("device_case") for case in mark.args]
+    callspec = getattr(item, "callspec", None)
+    for value in (callspec.params.values() if callspec is not None else ()):
+        if isinstance(value, Differential) and value.arch == host_arch():
+            cases.append(value.case)
+        elif isinstance(value, Case):
+            cases.append(value)
+    return max([TEST_GIB] + [PEAK_MARGIN * case_gpu_gib(case) for case in cases])
+
+
+def _give_back_cache() -> None:
+    import torch
+
+    from mxmoe.harness.contract.platforms import free_device_memory
+
+    if torch.cuda.is_available() and torch.cuda.memory_reserved() > CACHE_KEPT_GIB * (1 << 30):
+        free_device_memory()
+
+
+def _ran_out_of_memory(exc: BaseException) -> bool:
+    from mxmoe.harness.contract.platforms import says_out_of_memory
+
+    if isinstance(exc, OutOfMemoryBesideOthers):
+        return True
+    return isinstance(exc, (Exception, pytest.fail.Exception)) and says_out_of_memory(f"{type(exc).__name__}: {exc}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    """Run the test on a share of its GPU (module docstring); once more alone if it ran out of
+    device memory beside others, in a fresh ``tmp_path``."""
+    ledger = _ledger(item.config)
+    if ledger is None:
+        return (yield)
+    item.stash[_ALONE] = False
+    try:
+        with ledger.hold(_device_need(item)):
+            try:
+                return (yield)
+            finally:
+                _give_back_cache()
+    except BaseException as exc:
+        if not _ran_out_of_memory(exc):
+            raise
+        said = next((line for line in str(exc).splitlines() if "memory" in line.lower()), str(exc)[:200])
+    item.user_properties.append((RAN_AGAIN_ALONE, said.strip()[:300]))
+    note = f"out of device memory beside other tests' shares ({said.strip()}); ran again alone"
+    item.add_report_section("call", "device memory", note)
+    funcargs = getattr(item, "funcargs", {})
+    if isinstance(funcargs.get("tmp_path"), os.PathLike):
+        fresh = funcargs["tmp_path"].parent / (funcargs["tmp_path"].name + "-alone")
+        fresh.mkdir()
+        funcargs["tmp_path"] = fresh
+    item.stash[_ALONE] = True
+    with ledger.alone():
+        try:
+            return item.runtest()
+        finally:
+            _give_back_cache()
+
+
+def _beside_others(item: pytest.Item) -> bool:
+    """Whether ``item`` runs on a shared GPU and not alone (a run out of memory is then not its own)."""
+    return _ledger(item.config) is not None and not item.stash.get(_ALONE, True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONTROLLER.get("config")
+    if config is not None and report.when == "call":
+        said = [value for key, value in report.user_properties if key == RAN_AGAIN_ALONE]
+        if said:
+            config.stash.setdefault(_AGAIN, []).append(f"{report.nodeid}: {said[0]}")
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    again = config.stash.get(_AGAIN, [])
+    if again:
+        terminalreporter.section("device memory")
+        terminalreporter.write_line(f"{len(again)} test(s) ran out of device memory beside other tests' shares "
+                                    "of their GPU and ran again alone (their outcome is that run's):")  # fmt: skip
+        for line in again:
+            terminalreporter.write_line(f"  {line}")
 
 
 def _differentials(config: pytest.Config) -> list[Differential]:
@@ -321,6 +477,12 @@ def check_differential(differential: Differential, request: pytest.FixtureReques
     XFAIL, FAIL and ERROR raise through pytest)."""
     loaded = differential.loaded
     result, inputs = run_case(loaded.backend, differential.case, differential.arch, diagnose=summarize)
+    if _beside_others(request.node):
+        from mxmoe.harness.run.sweep import out_of_memory
+
+        if out_of_memory(result):
+            said = [line for line in (result.traceback or "").splitlines() if line.strip()]
+            raise OutOfMemoryBesideOthers(f"{result.test_id}: {result.reason}: {said[-1] if said else ''}")
     results_dir = request.config.getoption("--results")
     replay = None
     if results_dir:

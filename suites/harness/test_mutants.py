@@ -7,6 +7,7 @@ import pytest
 from catalogue_matrix import check_matrix
 
 from mxmoe.harness.cli.app import main
+from mxmoe.harness.contract.cases import make_case
 from mxmoe.harness.instruments.faults import MUTANTS, Mutant
 
 ISSUE_LIST = {
@@ -59,6 +60,7 @@ def test_a_row_that_ran_nothing_or_met_a_harness_error_shows_nothing():
 
 
 @pytest.mark.long(90)
+@pytest.mark.device_case(make_case("gptoss20b", 128, tp=4, tp_rank=3))
 def test_a_token_bucket_fault_is_caught_by_the_nightly_and_missed_by_the_pr_profile(host_arch):
     """The class of a kernel wrong for one bucket of token counts at one model's shape (3 or 4
     tokens at a production hidden size, as AITER's was): no case of the pr profile can change under

@@ -55,6 +55,7 @@ def test_importing_every_backend_imports_no_vendor_package():
 
 
 @pytest.mark.parametrize("backend", VENDOR, ids=lambda b: b.declaration.id)
+@pytest.mark.device_case(make_case("gptoss20b", 1))
 def test_vendor_backends_run_where_they_can_and_skip_with_the_reason_elsewhere(backend, host_arch):
     """Each vendor backend on each arch it declares: on an arch this host lacks, a SKIP naming the
     hardware; on this host's arch, either it loads and then must run and PASS (an instrument built to
