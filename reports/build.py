@@ -317,6 +317,7 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
             "model_check": next((m for m in checks if m["backend"] == backend and m["arch"] == arch
                                  and not m["planted"]), None),  # fmt: skip
             "padding": padding.get(backend),
+            "race_hunt": _race_hunt(backend, arch, recs, policy, kind == "backend" and production.get(backend, True)),
         })  # fmt: skip
 
     # Rule: FAIL / ERROR / XPASS of a judged backend.
@@ -460,6 +461,18 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
                                 "text": f"sign-off step '{st['name']}' on {host} {what}{status}: "
                                         f"{_first_line(st.get('reason', ''))}"})  # fmt: skip
 
+    # Rule: a hunted production kernel whose calls fell short of the policy's race-hunt power (one
+    # that FAILed or ERRORed is blocked by that already, and a race seen is such a FAIL).
+    for row in rows:
+        hunt = row["race_hunt"]
+        failed = row["counts"]["FAIL"] + row["counts"]["ERROR"]
+        if (policy.races_block_short and hunt is not None and not failed
+                and hunt["confidence"] < policy.races_confidence):  # fmt: skip
+            reasons.append({"rule": "race-hunt", "backend": row["backend"], "arch": row["arch"],
+                            "text": f"{hunt['line']}, short of the policy's {policy.races_confidence:g} "
+                                    f"(`check --race-power {policy.races_rate:g},{policy.races_confidence:g}` "
+                                    "makes enough calls)"})  # fmt: skip
+
     judged_any = any(row["judged"] and sum(row["counts"].values()) > row["counts"]["SKIP"] for row in rows)
     if not judged_any:
         reasons.append({"rule": "nothing-judged", "backend": "", "arch": "",
@@ -525,6 +538,27 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
     }
     report["verdict"] = verdict_of(reasons, judged_production)
     return report
+
+
+def _race_hunt(backend: str, arch: str, recs: list[dict], policy: Policy, production: bool) -> dict | None:
+    """A hunted production kernel's race hunt on ``arch`` (``[races]``), from the calls its kernel
+    cases made (``Metrics.runs``; 2 a case in results made without the hunt): the calls, those that
+    differed from their case's first run, and the confidence that no race reaches the policy's rate
+    (0 where one was seen; for a backend declared non-deterministic, that no run is wrong at that
+    rate); None for a backend not hunted or that ran no case."""
+    from mxmoe.harness.run.races import confidence_from, hunt_line
+
+    if not production or not policy.hunted(backend):
+        return None
+    ran = [((r.get("metrics") or {}).get("runs") or 2, (r.get("metrics") or {}).get("runs_differing") or 0)
+           for r in recs if r["outcome"] in ("PASS", "FAIL", "XFAIL") and (r.get("metrics") or {}).get("elements")]
+    if not ran:
+        return None
+    deterministic = bool((recs[0].get("declaration") or {}).get("deterministic", True))
+    calls, differing = sum(c for c, _ in ran), sum(d for _, d in ran)
+    return {"calls": calls, "differing": differing, "cases": len(ran),
+            "confidence": 0.0 if differing and deterministic else confidence_from(calls, policy.races_rate),
+            "line": hunt_line(backend, arch, ran, policy.races_rate, deterministic)}  # fmt: skip
 
 
 def _evidence(collection: Collection, policy: Policy, production: dict[str, list[str]], checks: list[dict],

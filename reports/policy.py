@@ -59,6 +59,10 @@ class Policy:
     baseline_block_accuracy_regression: bool
     baseline_alpha: float
     evidence_waive: tuple[str, ...]
+    races_backends: tuple[str, ...]
+    races_rate: float
+    races_confidence: float
+    races_block_short: bool
     source: str
 
     def blocks(self, backend: str) -> bool:
@@ -68,6 +72,10 @@ class Policy:
     def required(self, backend: str) -> bool:
         """Whether ``backend`` must have run."""
         return any(fnmatch.fnmatchcase(backend, p) for p in self.required_backends)
+
+    def hunted(self, backend: str) -> bool:
+        """Whether the sign-off hunts races in ``backend`` (a production kernel matching ``[races]``)."""
+        return any(fnmatch.fnmatchcase(backend, p) for p in self.races_backends)
 
     def evidence(self) -> tuple[str, ...]:
         """The evidence kinds a SHIP needs under this policy (``EVIDENCE`` less the waived)."""
@@ -93,6 +101,10 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("baseline", "block_accuracy_regression"): ("baseline_block_accuracy_regression", bool),
     ("baseline", "alpha"): ("baseline_alpha", float),
     ("evidence", "waive"): ("evidence_waive", list),
+    ("races", "backends"): ("races_backends", list),
+    ("races", "rate"): ("races_rate", float),
+    ("races", "confidence"): ("races_confidence", float),
+    ("races", "block_short"): ("races_block_short", bool),
 }
 
 

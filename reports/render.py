@@ -125,6 +125,12 @@ def markdown(report: dict) -> str:
                 by_reason.setdefault(f"{r['backend']} ({r['arch']})", []).append(f"{n} SKIP: {reason}")
         out += [f"- {who}: {'; '.join(why)}" for who, why in by_reason.items()]
         out += ["", "</details>"]
+    hunts = [r["race_hunt"]["line"] for r in report["rows"] if r.get("race_hunt")]
+    if hunts:
+        out += ["", f"Race hunt (each kernel called again on the same inputs, every call compared bit for bit with "
+                    f"its case's first; the policy asks {report['policy']['races_confidence']:g} confidence at rate "
+                    f"{report['policy']['races_rate']:g}):"]  # fmt: skip
+        out += [f"- {line}" for line in hunts]
     if report["faults"]:
         out += ["", "Faults caught (the planted catalogue; detection power of this run):"]
         for f in report["faults"]:

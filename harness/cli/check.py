@@ -72,10 +72,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
         + f", timeout {args.timeout:g} s per case; results in {recorder.path}\n",
         flush=True,
     )
+    repeat = _hunt_repeats(pairs, arch, args)
+    if repeat:
+        by: dict[int, list[str]] = {}
+        for b, n in repeat.items():
+            by.setdefault(n, []).append(b)
+        print("race hunt: " + "; ".join(f"{n} repeats per case: {', '.join(ids)}" for n, ids in by.items()) + "\n",
+              flush=True)  # fmt: skip
     progress = Progress(len(pairs))
     sweep = Sweep(
         recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
         diagnose=summarize, gpu_gib=share, gpus=gpus, on_memory=progress.memory,
+        repeat=lambda loaded: repeat.get(loaded.backend.declaration.id, 0),
     )  # fmt: skip
     try:
         verdicts = sweep.run(pairs, arch)
@@ -109,8 +117,40 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 print(f"    diagnosis: {v.result.diagnosis}")
             if v.repro is not None:
                 print(f"    replay: {replay_command(v.repro)}")
+    if repeat:
+        from mxmoe.harness.run.races import hunt_line
+
+        print("\nrace hunt (calls of each kernel on the same inputs, each compared bit for bit with its case's first):")
+        rate = args.race_power[0] if args.race_power else None
+        declared = {v.loaded.backend.declaration.id: v.loaded.backend.declaration.deterministic for v in verdicts}
+        for b in repeat:
+            ran = [v.result.metrics for v in verdicts if v.result.backend == b and v.result.metrics.runs]
+            if ran:  # a backend that ran no case here made no call to hunt in
+                print("  " + hunt_line(b, arch, [(m.runs, m.runs_differing) for m in ran], rate, declared.get(b, True)))
     print(f"\nresults: {recorder.path}")
     return 1 if bad else 0
+
+
+def _hunt_repeats(pairs: list[tuple[Loaded, Case]], arch: str, args: argparse.Namespace) -> dict[str, int]:
+    """The race hunt's repeats per hunted backend id (``--repeat``, or ``--race-power`` over the cases
+    each hunted backend supports here); backends not hunted are left out."""
+    import fnmatch
+
+    from mxmoe.harness.run.races import repeats_for
+
+    if not args.repeat and args.race_power is None:
+        return {}
+    hunted: dict[str, int] = {}
+    for loaded, case in pairs:
+        d = loaded.backend.declaration
+        if args.hunt and not any(fnmatch.fnmatchcase(d.id, p) for p in args.hunt):
+            continue
+        hunted.setdefault(d.id, 0)
+        if loaded.backend.supports(case, arch) is None:
+            hunted[d.id] += 1
+    if args.race_power is None:
+        return dict.fromkeys(hunted, args.repeat)
+    return {b: repeats_for(*args.race_power, cases) for b, cases in hunted.items()}
 
 
 def add_selection(p: argparse.ArgumentParser, profile: str) -> None:
@@ -135,7 +175,7 @@ def add_selection(p: argparse.ArgumentParser, profile: str) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` to ``python -m harness``."""
-    from mxmoe.harness.cli.args import arch, positive, workers
+    from mxmoe.harness.cli.args import arch, count, positive, workers
 
     p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
     add_selection(p, "pr")
@@ -154,4 +194,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="also each selected production kernel at the production shapes (the nightly profile's gpt-oss "
                    "cases) in the same workers: what a GPU sign-off judges")  # fmt: skip
     p.add_argument("--timeout", type=positive(float), default=600.0, metavar="SECONDS", help="per case (default 600)")
+    hunt = p.add_mutually_exclusive_group()
+    hunt.add_argument("--repeat", type=count, default=0, metavar="N",
+                      help="the race hunt: each hunted backend's kernel runs N more times per case on the same inputs "
+                      "and converted weights, each run compared bit for bit with the first (default 0)")  # fmt: skip
+    hunt.add_argument("--race-power", type=race_power, default=None, metavar="RATE,CONFIDENCE",
+                      help="the race hunt with as many repeats per case as it takes each hunted backend, over the "
+                      "cases it runs here, to see a race that corrupts RATE of its calls with probability "
+                      "CONFIDENCE (the sign-off passes its policy's [races]); its power is printed last")  # fmt: skip
+    p.add_argument("--hunt", action="append", default=[], metavar="PATTERN",
+                   help="the backends the race hunt runs on (shell globs over ids, repeatable; default every selected "
+                   "backend)")  # fmt: skip
     p.set_defaults(fn=_cmd_check, parser=p)
+
+
+def race_power(value: str) -> tuple[float, float]:
+    """``--race-power RATE,CONFIDENCE``: two numbers strictly between 0 and 1."""
+    from mxmoe.harness.run.races import check_rate_confidence
+
+    try:
+        rate, confidence = (float(v) for v in value.split(","))
+        check_rate_confidence(rate, confidence)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"RATE,CONFIDENCE, each a number strictly between 0 and 1 (such as 0.01,0.999), not {value!r} ({exc})"
+        ) from None
+    return rate, confidence

@@ -80,6 +80,13 @@ def _cmd_signoff(args: argparse.Namespace) -> int:
     ``signoff-steps.json`` with the steps planned, which the report reads: a step that failed, was
     interrupted or is missing from it did not run, and blocks. SIGTERM or SIGINT ends the step it
     came in as interrupted, writes the manifest and exits with 128 + the signal's number."""
+    from mxmoe.harness.cli.args import UsageError
+    from mxmoe.reports.policy import PolicyError, load_policy
+
+    try:
+        load_policy(args.policy)  # a policy that cannot be read fails here, before any step runs
+    except PolicyError as exc:
+        raise UsageError(str(exc)) from None
     try:
         with _interruptible():
             return _signoff(args)
@@ -181,7 +188,7 @@ def _signoff(args: argparse.Namespace) -> int:
         elif host_arch() != "cpu":
             print(f"production shapes: {', '.join(production)} over the nightly profile's gpt-oss cases\n", flush=True)
             argv.append("--production-shapes")
-        return _run(argv)
+        return _run(argv + race_hunt_args(production, args.policy))
 
     # detection power: the catalogue of faulty kernels is caught, the honest variants are not
     mutants = os.path.join(results, "mutants.json")
@@ -301,6 +308,20 @@ def _ran_kernel_cases(results: str, ids: list[str], arch: str) -> tuple[list[str
         if ident not in ran and skips:
             declined[ident] = str(skips[0].get("reason", "")).splitlines()[0]
     return [b for b in ids if b not in declined], declined
+
+
+def race_hunt_args(production: list[str], policy: str | None) -> list[str]:
+    """``check``'s race-hunt arguments for the sign-off's kernel check: the production kernels of
+    ``production`` that the policy's ``[races]`` hunts, at its rate and confidence; none where no
+    kernel is hunted."""
+    from mxmoe.reports.policy import load_policy
+
+    rules = load_policy(policy)
+    hunted = [b for b in production if rules.hunted(b)]
+    if not hunted:
+        return []
+    power = f"{rules.races_rate:g},{rules.races_confidence:g}"
+    return ["--race-power", power, *(a for b in hunted for a in ("--hunt", b))]
 
 
 def _production_backends(ids: list[str]) -> list[str]:

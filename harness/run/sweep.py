@@ -13,7 +13,6 @@ hardware, are decided in the parent (``supports`` is pure), without a worker.
 
 from __future__ import annotations
 
-import gc
 import math
 import multiprocessing
 import os
@@ -35,7 +34,9 @@ from mxmoe.harness.contract.platforms import (
     case_gpu_gib,
     converted_gpu_gib,
     device_for,
+    free_device_memory,
     host_arch,
+    says_out_of_memory,
     tokens_gpu_gib,
 )
 from mxmoe.harness.judge.bounds import tie_aware_bound
@@ -180,7 +181,13 @@ _CONVERTED = _Converted()
 
 
 def check_pair(
-    loaded: Loaded, case: Case, arch: str, *, diagnose: Diagnose | None = None, clock: StageClock | None = None
+    loaded: Loaded,
+    case: Case,
+    arch: str,
+    *,
+    diagnose: Diagnose | None = None,
+    clock: StageClock | None = None,
+    repeat: int = 0,
 ) -> tuple[Result, CaseInputs | None]:
     """What a worker does with one task: ``run_case``, on the case's inputs and oracle shared with
     the backends checked on the same case before it (``_Shared``) and, for a backend that converts
@@ -198,7 +205,8 @@ def check_pair(
         inputs = bounded = None
         tied = 0
     result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied,
-                            prepared=_CONVERTED.prepared(loaded, case), diagnose=diagnose, clock=clock)  # fmt: skip
+                            prepared=_CONVERTED.prepared(loaded, case), diagnose=diagnose, clock=clock,
+                            repeat=repeat)  # fmt: skip
     if result.inputs_modified or (used is not None and not result.inputs_checked):
         # written into, or not known to be unchanged: drawn again (unchanged after a backend that
         # raised or declined once it saw the case, they and their oracle stay for the next backend)
@@ -247,9 +255,9 @@ def worker_main(
             _SHARED.clear()
             _CONVERTED.clear()
             case_id = None
-            _free_device_memory()
+            free_device_memory()
             continue
-        index, spec, case_dict, arch = task
+        index, spec, case_dict, arch, repeat = task
         conn.send(("begin", index))
         case = Case.from_dict(case_dict)
         if case.id != case_id and torch.cuda.is_available():
@@ -266,7 +274,7 @@ def worker_main(
         clock, start = StageClock(), time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock)
+        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat)
         if torch.cuda.is_available():
             result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
         saving = time.perf_counter()
@@ -279,21 +287,8 @@ def worker_main(
             # it leaves the case (the sweep queues it again): what it had, the case's inputs and
             # oracle included, goes back to its GPU's other workers now
             _SHARED.clear()
-            _free_device_memory()
+            free_device_memory()
         conn.send(("done", index, result, None if repro is None else str(repro)))
-
-
-def _free_device_memory() -> None:
-    """Give what this worker no longer uses back to its GPU: collect garbage first, since a
-    backend's exception (an out-of-memory one above all) leaves its frames, and the tensors they
-    hold, in reference cycles that only the collector frees and ``empty_cache`` cannot return.
-    Called when the worker goes idle and after a test ran out of memory, not between tests: a
-    full collection in a process that imported vLLM takes a noticeable fraction of a second."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -474,6 +469,9 @@ class Sweep:
     CPU) admits every case."""
     gpus: int = 1
     """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
+    repeat: Callable[[Loaded], int] = lambda _loaded: 0
+    """The race hunt's repeats for a backend's tests (``engine.run_case``'s ``repeat``): ``check
+    --repeat``, or the sign-off's policy for the backends it hunts races in."""
     on_memory: Callable[[str, bool], None] | None = None
     """Told of each test that ran out of GPU memory beside other workers: a line naming it, what
     its GPU held and what follows, and whether it is set aside to run again alone at the end (the
@@ -677,7 +675,7 @@ class Sweep:
                                 start(slot)
                             loaded, case = pairs[index]
                             try:
-                                slot.conn.send((index, loaded.spec, case.to_dict(), arch))
+                                slot.conn.send((index, loaded.spec, case.to_dict(), arch, self.repeat(loaded)))
                             except (BrokenPipeError, OSError):
                                 slot.group.insert(0, index)  # the idle worker had died: restart it next round
                                 stop(slot)
@@ -785,8 +783,7 @@ def _forget_repro(repro: str | None) -> None:
 def out_of_memory(result: Result) -> bool:
     """Whether an ERROR is the device running out of memory (torch's OutOfMemoryError, also as a
     backend's own wrapped message), which other workers on the same GPU can cause."""
-    text = f"{result.reason or ''}\n{result.traceback or ''}"
-    return result.outcome == "ERROR" and ("OutOfMemoryError" in text or "out of memory" in text.lower())
+    return result.outcome == "ERROR" and says_out_of_memory(f"{result.reason or ''}\n{result.traceback or ''}")
 
 
 def case_cost(case: Case) -> int:

@@ -147,9 +147,10 @@ def test_nondeterminism_fails_a_backend_declared_deterministic(host_arch):
     m = result.metrics
     assert m.nondeterministic == 1 and m.second_worst_ratio is not None and m.second_over_bound == 0
     assert result.reason == (
-        f"1 elements differ between two runs on the same inputs (declared deterministic; each run judged on "
-        f"its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
+        f"1 elements differ between two runs on the same inputs at {m.differs_where} (declared deterministic; "
+        f"each run judged on its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
     )
+    assert m.differs_where.startswith("1 token row(s) ") and m.differing_run == 2 and m.runs == 2
     # and a wrong second run says so beside the non-determinism
     result, _ = run_case(WrongSecondRun(), CASE, host_arch)
     assert result.outcome == "FAIL" and result.metrics.over_bound == 0 and result.metrics.second_over_bound > 0
@@ -179,8 +180,8 @@ def test_declared_nondeterminism_passes_with_a_finding_naming_both_runs(host_arc
     m = result.metrics
     assert m.second_worst_ratio is not None and m.second_over_bound == 0
     assert result.findings == [
-        "1 elements differ between two runs on the same inputs (declared non-deterministic; each run judged on "
-        f"its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
+        f"1 elements differ between two runs on the same inputs at {m.differs_where} (declared non-deterministic; "
+        f"each run judged on its own: worst error/bound {m.worst_ratio:.3g}x and {m.second_worst_ratio:.3g}x)"
     ]
 
 
@@ -426,3 +427,96 @@ def test_a_backend_declining_the_case_in_convert_is_a_skip_naming_why_and_a_cras
     assert (crashed.outcome, crashed.reason) == ("ERROR", "the backend raised")
     assert crashed.metrics.elements == 0
     assert "RuntimeError: the weight conversion broke" in crashed.traceback and "in convert" in crashed.traceback
+
+
+# -- the race hunt: run_case's repeats ----------------------------------------------------------
+
+
+class RacesOnCall(Emulation):
+    """Right on every call but those numbered in ``bad`` (1-based), where one tile (rows 2-3,
+    columns 0-7) comes out wrong by ``by`` ulps: a race that a pair of runs rarely meets."""
+
+    declaration = _declare("races-on-call")
+    bad: tuple[int, ...] = (5,)
+    by = 1
+
+    def __init__(self) -> None:
+        self.calls = self.converts = 0
+
+    def convert(self, inputs):
+        self.converts += 1
+        return super().convert(inputs)
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        self.calls += 1
+        if self.calls in self.bad:
+            out[2:4, 0:8].view(torch.int16).add_(self.by)
+
+
+class RacesDeclared(RacesOnCall):
+    """Declared non-deterministic: its differing runs are judged against the bound; call 4 is
+    far off, calls 3 and 6 by an ulp."""
+
+    declaration = _declare("races-declared", deterministic=False)
+    bad = (3, 4, 6)
+
+    def run(self, prepared, inputs, out):
+        super().run(prepared, inputs, out)
+        if self.calls == 4:
+            out[2:4, 0:8] = 1000.0
+
+
+class RaisesOnCall(RacesOnCall):
+    declaration = _declare("raises-on-call")
+
+    def run(self, prepared, inputs, out):
+        if self.calls == 3:
+            raise RuntimeError("illegal memory access on the fourth call")
+        super().run(prepared, inputs, out)
+
+
+def test_a_race_on_the_fifth_call_passes_two_runs_and_fails_the_hunt_naming_the_run_and_where(host_arch):
+    backend = RacesOnCall()
+    result, _ = run_case(backend, CASE, host_arch)
+    assert result.outcome == "PASS" and result.metrics.runs == 2 and backend.calls == 2
+    backend = RacesOnCall()
+    result, _ = run_case(backend, CASE, host_arch, repeat=6)
+    m = result.metrics
+    assert result.outcome == "FAIL" and backend.calls == 8 and backend.converts == 1  # one conversion for all
+    assert (m.runs, m.runs_differing, m.differing_run, m.nondeterministic) == (8, 1, 5, 16)
+    assert m.differs_where.startswith("2 token row(s) 2-3; 1 column tile(s) of 128 0; experts most routed to")
+    assert result.reason.startswith(
+        f"16 elements differ between run 1 and run 5 of 8 on the same inputs (1 of the 7 runs after the first "
+        f"differ from it) at {m.differs_where} (declared deterministic"
+    ), result.reason
+
+
+def test_every_differing_run_is_counted(host_arch):
+    backend = RacesOnCall()
+    backend.bad = (2, 4, 9)
+    result, _ = run_case(backend, CASE, host_arch, repeat=8)
+    m = result.metrics
+    assert (m.runs, m.runs_differing, m.differing_run) == (10, 3, 2)
+
+
+def test_a_declared_nondeterministic_backend_is_judged_by_its_worst_differing_run(host_arch):
+    result, _ = run_case(RacesDeclared(), CASE, host_arch, repeat=4)
+    m = result.metrics
+    assert (m.runs, m.runs_differing, m.differing_run) == (6, 3, 4)
+    assert result.outcome == "FAIL" and m.over_bound == 0 and m.second_over_bound == 16, result.reason
+    assert result.reason.startswith("run 4 of 6 on the same inputs: 16 of "), result.reason
+    honest, _ = run_case(RacesOnCall.__mro__[1](), CASE, host_arch, repeat=4)  # Emulation: no run differs
+    assert honest.outcome == "PASS" and (honest.metrics.runs, honest.metrics.runs_differing) == (6, 0)
+
+
+def test_a_backend_that_raises_on_a_repeat_is_an_error_naming_the_run(host_arch):
+    result, _ = run_case(RaisesOnCall(), CASE, host_arch, repeat=3)
+    assert result.outcome == "ERROR" and result.reason == "the backend raised on run 4 of 5 (the race hunt's)"
+    assert "illegal memory access on the fourth call" in result.traceback
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3"])
+def test_repeat_must_be_a_whole_number_of_runs(bad, host_arch):
+    with pytest.raises(ValueError, match="repeat: a whole number of runs >= 0"):
+        run_case(Emulation(), CASE, host_arch, repeat=bad)

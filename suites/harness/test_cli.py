@@ -302,7 +302,9 @@ def fake_host():
 
 def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path, monkeypatch, fake_host):
     """On a GPU the sign-off's kernel check is one sweep: the pr profile and the production
-    kernels at production shapes, ``--workers auto`` unless told; on a CPU the pr profile alone."""
+    kernels at production shapes, ``--workers auto`` unless told, with the race hunt in the
+    production kernels at the policy's power; on a CPU the pr profile alone (with the hunt in
+    any production kernel that runs there)."""
     import mxmoe.harness.audits.selfcheck as selfcheck
     from mxmoe.harness.cli import signoff
     from mxmoe.harness.cli.app import main
@@ -315,9 +317,10 @@ def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path,
     monkeypatch.setattr(signoff, "_signoff_models", lambda results, here: 0)
     monkeypatch.setattr(signoff, "_signoff_gpqa", lambda results, here, limit: 0)
     monkeypatch.setattr(signoff.Background, "command", (sys.executable, "-c", "pass"))  # the steps beside it
-    for arch, extra, expect in (("sm90", [], ["--workers", "auto", "--production-shapes"]),
-                                ("sm90", ["--workers", "2"], ["--workers", "2", "--production-shapes"]),
-                                ("cpu", [], ["--workers", "auto"])):  # fmt: skip
+    hunt = ["--race-power", "0.01,0.999", "--hunt", "triton"]
+    for arch, extra, expect in (("sm90", [], ["--workers", "auto", "--production-shapes", *hunt]),
+                                ("sm90", ["--workers", "2"], ["--workers", "2", "--production-shapes", *hunt]),
+                                ("cpu", [], ["--workers", "auto", *hunt])):  # fmt: skip
         ran.clear()
         monkeypatch.setattr(platforms, "host_arch", lambda arch=arch: arch)
         main(["signoff", "--results", str(tmp_path / arch), *extra])

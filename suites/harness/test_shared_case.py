@@ -554,7 +554,7 @@ def test_an_idle_worker_frees_its_last_case_when_told(tmp_path, monkeypatch):
     worker = threading.Thread(target=sweep.worker_main, args=(child, str(tmp_path), torch.get_num_threads()))
     worker.start()
     try:
-        parent.send((0, f"{FAULTY}:ConvertsPerLayer", case.to_dict(), ARCH))
+        parent.send((0, f"{FAULTY}:ConvertsPerLayer", case.to_dict(), ARCH, 0))
         assert parent.recv() == ("begin", 0)
         assert parent.recv()[2].outcome == "PASS"
         assert sweep._SHARED.key is not None and kept.kept

@@ -47,11 +47,22 @@ def backend(name: str) -> object:
     return load_spec(f"{HERE / 'release_backends.py'}:{name}")
 
 
+RACES = (0.5, 0.999)
+"""The race hunt's rate and confidence in these tests' policies (``policy_file``): a rate that three
+cases rule out in a few calls each, so that a production kernel's records carry a hunt of the power
+the policy asks, as a sign-off's do, at a small fraction of its calls."""
+
+
 def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
-    """What ``check`` does for each case: run it, keep a reproducer of a FAIL or ERROR, record it."""
+    """What ``check`` does for each case: run it (a production kernel with the race hunt's repeats
+    for ``RACES``, as the sign-off's check runs it), keep a reproducer of a FAIL or ERROR, record it."""
+    from mxmoe.harness.run.races import repeats_for
+
+    d = loaded.backend.declaration
+    repeat = repeats_for(*RACES, len(cases)) if d.kind == "backend" and d.production else 0
     rec = Recorder(folder)
     for case in cases:
-        result, inputs = run_case(loaded.backend, case, ARCH)
+        result, inputs = run_case(loaded.backend, case, ARCH, repeat=repeat)
         repro = None
         if result.outcome in ("FAIL", "ERROR") and inputs is not None:
             repro = save_repro(folder, result, inputs, loaded.spec)
@@ -80,8 +91,9 @@ def policy_file(tmp: Path, required: list[str], cases: str = "any", waive: list[
     the kernel rules on kernel records alone)."""
     path = tmp / "policy.toml"
     waived = KERNELS_ONLY if waive is None else waive
+    races = "" if "[races]" in extra else f"[races]\nrate = {RACES[0]}\nconfidence = {RACES[1]}\n"
     path.write_text(f"[required]\nbackends = {json.dumps(required)}\ncases = {json.dumps(cases)}\n"
-                    f"[evidence]\nwaive = {json.dumps(waived)}\n{extra}")  # fmt: skip
+                    f"[evidence]\nwaive = {json.dumps(waived)}\n{races}{extra}")  # fmt: skip
     return path
 
 

@@ -1,0 +1,117 @@
+"""The race hunt from the command line: ``check --repeat`` and ``--race-power``, the sign-off's
+policy (``[races]``) that sets them, and a kernel written apart from the project that races in
+about 1 of 100 calls, caught by the sign-off's hunt while honest layers stay clean under it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mxmoe.harness.cli.app import main
+from mxmoe.harness.run.races import calls_needed, confidence_from, hunt_line, repeats_for
+
+ROOT = Path(__file__).resolve().parents[2]
+RARE = Path(__file__).with_name("rare_race.py")
+
+
+def test_the_hunt_makes_the_calls_that_see_a_race_of_the_policys_rate():
+    assert calls_needed(0.01, 0.999) == 688  # log(0.001) / log(0.99) = 687.3
+    assert confidence_from(687, 0.01) < 0.999 <= confidence_from(688, 0.01)
+    assert repeats_for(0.01, 0.999, 49) == 13  # 15 calls a case x 49 cases = 735 >= 688
+    assert repeats_for(0.01, 0.999, 141) == 3 and repeats_for(0.01, 0.999, 400) == 0  # the guarded runs suffice
+    assert repeats_for(0.01, 0.999, 0) == 0
+    for bad in ((0.0, 0.9), (0.01, 1.0), (1.5, 0.5)):
+        with pytest.raises(ValueError, match="strictly between 0 and 1"):
+            calls_needed(*bad)
+
+
+def test_a_hunt_states_what_it_saw_and_the_power_of_calls_that_agreed():
+    assert hunt_line("k", "sm90", [(10, 0), (10, 0)], 0.01) == (
+        "k (sm90): 20 calls over 2 cases; none differed: no race at rate >= 0.01 with confidence 18.2093%")
+    assert hunt_line("k", "sm90", [(10, 0), (10, 2)], 0.01) == (
+        "k (sm90): 20 calls over 2 cases; 2 differed from their case's first run, in 1 cases: a race "
+        "(about 10.00% of calls)")  # fmt: skip
+    assert hunt_line("k", "sm90", [(10, 3)], 0.01, deterministic=False).endswith(
+        "3 differed from their case's first run (declared non-deterministic: judged against the bound): no wrong run "
+        "at rate >= 0.01 with confidence 9.5618%")  # fmt: skip
+
+
+def test_the_sign_off_hunts_the_production_kernels_its_policy_names(tmp_path):
+    from mxmoe.harness.cli.signoff import race_hunt_args
+
+    assert race_hunt_args(["triton", "marlin"], None) == [
+        "--race-power", "0.01,0.999", "--hunt", "triton", "--hunt", "marlin"]  # fmt: skip
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[races]\nbackends = ["tri*"]\nrate = 0.02\nconfidence = 0.99\n')
+    assert race_hunt_args(["triton", "marlin"], str(policy)) == ["--race-power", "0.02,0.99", "--hunt", "triton"]
+    assert race_hunt_args([], None) == []  # a CPU: no production kernel runs, none hunted
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--repeat", "-1"], "--repeat: expected an integer >= 0, got '-1'"),
+     (["--repeat", "two"], "--repeat: expected an integer >= 0, got 'two'"),
+     (["--race-power", "1,0.999"], "--race-power: RATE,CONFIDENCE, each a number strictly between 0 and 1"),
+     (["--race-power", "0.01"], "--race-power: RATE,CONFIDENCE"),
+     (["--repeat", "3", "--race-power", "0.01,0.999"], "not allowed with argument")],
+)  # fmt: skip
+def test_bad_hunt_arguments_are_refused_naming_them(args, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--backend", "emulation", *args])
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_bad_races_table_is_refused_naming_the_key(tmp_path):
+    from mxmoe.reports.policy import PolicyError, load_policy
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[races]\nrate = 1.5\n")
+    with pytest.raises(PolicyError, match=r"races.rate must be a number in \(0, 1\), got 1.5"):
+        load_policy(bad)
+    bad.write_text("[races]\npower = 0.9\n")
+    with pytest.raises(PolicyError, match=r"unknown key races.power; accepted in \[races\]: backends, rate"):
+        load_policy(bad)
+
+
+def _records(folder: Path) -> list[dict]:
+    from mxmoe.harness.run.results import read_results
+
+    return read_results(folder)
+
+
+@pytest.mark.long(120)
+def test_a_race_in_1_of_100_calls_is_caught_by_the_sign_offs_hunt_over_the_pr_profile(tmp_path):
+    """``rare_race.RareTileRace`` spoils a tile in about 1 call of 100, unseeded. The sign-off's
+    kernel check (the pr profile, ``--race-power 0.01,0.999``) makes about 735 calls of it, and so
+    misses it with probability 0.99^735 = 6e-4: it FAILs, naming the run and the tile. Without the
+    hunt the same check makes 98 calls and misses it about 37 times in 100."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "harness", "check", "--profile", "pr", "--backend-file", f"{RARE}:RareTileRace",
+           "--backend", "rare-tile-race", "--race-power", "0.01,0.999", "--results", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "race hunt: 13 repeats per case: rare-tile-race" in run.stdout, run.stdout[-3000:]
+    fails = [r for r in _records(out) if r["outcome"] == "FAIL"]
+    assert fails and all("elements differ between run 1 and run " in r["reason"] for r in fails), fails[:1]
+    m = fails[0]["metrics"]
+    assert m["runs"] == 15 and m["runs_differing"] >= 1 and "column tile(s) of 128" in m["differs_where"]
+    line = next(ln for ln in run.stdout.splitlines() if ln.strip().startswith("rare-tile-race ("))
+    assert "differed from their case's first run" in line and "a race" in line, line
+
+
+def test_honest_layers_stay_clean_under_the_same_repeats(tmp_path):
+    """The honest variants and the emulation, 13 repeats a case (as the sign-off's hunt makes them
+    over the pr profile) on the small cases: every run is run 1 again."""
+    out = tmp_path / "results"
+    assert main(["check", "--profile", "pr", "--backend", "honest-*", "--backend", "emulation", "-k", "tiny",
+                 "-k", "t7", "--repeat", "13", "--results", str(out)]) == 0  # fmt: skip
+    records = _records(out)
+    ran = [r for r in records if r["outcome"] != "SKIP"]
+    assert len({r["backend"] for r in ran}) >= 6, json.dumps([r["backend"] for r in ran])
+    assert all(r["outcome"] == "PASS" and r["metrics"]["runs"] == 15 and r["metrics"]["runs_differing"] == 0
+               for r in ran), [(r["test_id"], r["outcome"], r["reason"]) for r in ran]  # fmt: skip
