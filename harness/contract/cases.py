@@ -100,6 +100,7 @@ MODELS: dict[str, Model] = {
         Model("small", 128, 96, 16, 4),
         Model("odd", 96, 160, 6, 2),  # H/32 = 3, I/32 = 5: off every padding multiple
         Model("tpsmall", 64, 224, 8, 2),  # I/32 = 7: uneven TP shards (TP2: 128 + 96, TP4: 64 x3 + 32)
+        Model("manyexperts", 4096, 256, 256, 6),  # many small groups: where a grouped GEMM races
     )
 }
 

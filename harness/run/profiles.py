@@ -115,6 +115,8 @@ def _nightly() -> list[Case]:
         cases += [make_case("gptoss120b", t, tp=8, tp_rank=r) for r in (0, 7)]
         cases += [make_case("gptoss120b", t, ep=4, ep_rank=r) for r in (0, 3)]
         cases += [make_case("gptoss20b", t, tp=4, tp_rank=r) for r in (0, 3)]
+    # where grouped GEMMs race: a group switch per few tiles, at many tokens a call
+    cases += [make_case("manyexperts", t) for t in (128, 4096, 8192)]
     return cases
 
 
