@@ -84,12 +84,7 @@ def test_every_flashinfer_patch_applies_to_the_release_it_is_written_for_and_run
         pytest.skip(f"FlashInfer {installed_version()} is installed, not {FLASHINFER_TESTED} "
                     f"(./dev test installs {FLASHINFER_TESTED} on a host without a GPU)")  # fmt: skip
     pkg = v.locate()
-    for p in FLASHINFER_PATCHES:
-        for e in p.edits:
-            text = (pkg / e.file).read_text()
-            patched = replace_line(text, e, f"patch {p.slug}")
-            changed = [(a, b) for a, b in zip(text.split("\n"), patched.split("\n")) if a != b]
-            assert changed == [(e.old, e.new)], p.slug
+    _each_edit_changes_its_line_alone(pkg, FLASHINFER_PATCHES)
 
 
 def test_a_vendor_that_runs_nowhere_here_says_each_reason_once():
@@ -107,6 +102,16 @@ def test_a_vendor_that_runs_nowhere_here_says_each_reason_once():
                     "flashinfer")  # fmt: skip
 
 
+def _each_edit_changes_its_line_alone(pkg, patches) -> None:
+    """Each edit of ``patches``, applied to its file under ``pkg``, changes its own line and no other."""
+    for p in patches:
+        for e in p.edits:
+            text = (pkg / e.file).read_text()
+            patched = replace_line(text, e, f"patch {p.slug}")
+            changed = [(a, b) for a, b in zip(text.split("\n"), patched.split("\n")) if a != b]
+            assert changed == [(e.old, e.new)], p.slug
+
+
 VLLM_TESTED = "0.33.0"
 """The vLLM release VLLM_PATCHES are written against."""
 
@@ -120,12 +125,7 @@ def test_every_vllm_patch_applies_to_the_release_it_is_written_for():
     if not (pkg / "__init__.py").is_file():
         pytest.skip(f"vLLM {VLLM_TESTED}'s sources are not fetched: python -m harness fetch vllm --vllm-version "
                     f"{VLLM_TESTED}")  # fmt: skip
-    for p in VLLM_PATCHES:
-        for e in p.edits:
-            text = (pkg / e.file).read_text()
-            patched = replace_line(text, e, f"patch {p.slug}")
-            changed = [(a, b) for a, b in zip(text.split("\n"), patched.split("\n")) if a != b]
-            assert changed == [(e.old, e.new)], p.slug
+    _each_edit_changes_its_line_alone(pkg, VLLM_PATCHES)
 
 
 def _package(tmp_path: Path) -> Path:
