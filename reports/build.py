@@ -470,8 +470,9 @@ def build(collection: Collection, policy: Policy, baseline: Collection | None = 
                 and hunt["confidence"] < policy.races_confidence):  # fmt: skip
             reasons.append({"rule": "race-hunt", "backend": row["backend"], "arch": row["arch"],
                             "text": f"{hunt['line']}, short of the policy's {policy.races_confidence:g} "
-                                    f"(`check --race-power {policy.races_rate:g},{policy.races_confidence:g}` "
-                                    "makes enough calls)"})  # fmt: skip
+                                    f"(`check --race-power {policy.races_rate:g},{policy.races_confidence:g}"
+                                    + (f" --contention {hunt['contention']}" if hunt["contention"] else "")
+                                    + "` makes enough calls)"})  # fmt: skip
 
     judged_any = any(row["judged"] and sum(row["counts"].values()) > row["counts"]["SKIP"] for row in rows)
     if not judged_any:
@@ -546,19 +547,39 @@ def _race_hunt(backend: str, arch: str, recs: list[dict], policy: Policy, produc
     differed from their case's first run, and the confidence that no race reaches the policy's rate
     (0 where one was seen; for a backend declared non-deterministic, that no run is wrong at that
     rate); None for a backend not hunted or that ran no case."""
-    from mxmoe.harness.run.races import confidence_from, hunt_line
+    from mxmoe.harness.run.contention import CONTENTIONS
+    from mxmoe.harness.run.races import company_of, confidence_from, hunt_line
 
     if not production or not policy.hunted(backend):
         return None
-    ran = [((r.get("metrics") or {}).get("runs") or 2, (r.get("metrics") or {}).get("runs_differing") or 0)
-           for r in recs if r["outcome"] in ("PASS", "FAIL", "XFAIL") and (r.get("metrics") or {}).get("elements")]
-    if not ran:
+    judged = [r for r in recs if r["outcome"] in ("PASS", "FAIL", "XFAIL") and (r.get("metrics") or {}).get("elements")]
+    if not judged:
         return None
+
+    def calls(r: dict) -> tuple[int, int]:
+        return (r.get("metrics") or {}).get("runs") or 2, (r.get("metrics") or {}).get("runs_differing") or 0
+
+    # On a GPU only calls made beside the policy's contention count towards the power: a race seen
+    # anywhere is seen (a FAIL), but calls with the GPU to themselves rule out less than they seem to.
+    company = None if arch == "cpu" else policy.races_contention
+    counted = [r for r in judged if company is None or r.get("contention") == company]
     deterministic = bool((recs[0].get("declaration") or {}).get("deterministic", True))
-    calls, differing = sum(c for c, _ in ran), sum(d for _, d in ran)
-    return {"calls": calls, "differing": differing, "cases": len(ran),
-            "confidence": 0.0 if differing and deterministic else confidence_from(calls, policy.races_rate),
-            "line": hunt_line(backend, arch, ran, policy.races_rate, deterministic)}  # fmt: skip
+    differing = sum(calls(r)[1] for r in judged)
+    power = sum(calls(r)[0] for r in counted)
+    shown = judged if differing and deterministic else counted  # a race seen is said, wherever it was seen
+    if shown:
+        line = hunt_line(backend, arch, [calls(r) for r in shown], policy.races_rate, deterministic,
+                         None if company is None else company_of(r.get("contention") or "" for r in shown))  # fmt: skip
+    else:
+        line = f"{backend} ({arch}): no call beside {CONTENTIONS[company]}: no power against a race"
+    if shown is counted and len(counted) < len(judged):
+        said = sorted({str(r.get("contention") or "") for r in judged if r not in counted})
+        why = "; ".join("not hunted" if not c else f"hunted beside {CONTENTIONS.get(c, c)}" for c in said)
+        line += (f" ({len(judged) - len(counted)} of its {len(judged)} cases not counted, {why}: the policy "
+                 f"counts calls beside {CONTENTIONS[company]})")  # fmt: skip
+    return {"calls": power, "differing": differing, "cases": len(counted), "contention": company,
+            "confidence": 0.0 if differing and deterministic else confidence_from(power, policy.races_rate),
+            "line": line}  # fmt: skip
 
 
 def _evidence(collection: Collection, policy: Policy, production: dict[str, list[str]], checks: list[dict],

@@ -13,6 +13,8 @@ import fnmatch
 import sys
 from pathlib import Path
 
+from mxmoe.harness.run.contention import CONTENTIONS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -63,6 +65,7 @@ class Policy:
     races_rate: float
     races_confidence: float
     races_block_short: bool
+    races_contention: str
     source: str
 
     def blocks(self, backend: str) -> bool:
@@ -105,7 +108,11 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("races", "rate"): ("races_rate", float),
     ("races", "confidence"): ("races_confidence", float),
     ("races", "block_short"): ("races_block_short", bool),
+    ("races", "contention"): ("races_contention", str),
 }
+
+_CHOICES: dict[str, tuple[str, ...]] = {"required_cases": REQUIRED_CASES, "races_contention": tuple(CONTENTIONS)}
+"""The values a key of type str accepts."""
 
 
 def _read(path: Path) -> dict:
@@ -148,8 +155,8 @@ def _apply(values: dict[str, object], data: dict, where: str) -> None:
                     raise PolicyError(f"{where}: {table}.{key} must be a number in (0, 1), got {value!r}")
                 value = float(value)
             elif kind is str:
-                if value not in REQUIRED_CASES:
-                    accepted = ", ".join(REQUIRED_CASES)
+                if value not in _CHOICES[name]:
+                    accepted = ", ".join(_CHOICES[name])
                     raise PolicyError(f"{where}: {table}.{key} must be one of {accepted}, got {value!r}")
             elif not isinstance(value, kind):
                 raise PolicyError(f"{where}: {table}.{key} must be true or false, got {value!r}")

@@ -129,7 +129,8 @@ def markdown(report: dict) -> str:
     if hunts:
         out += ["", f"Race hunt (each kernel called again on the same inputs, every call compared bit for bit with "
                     f"its case's first; the policy asks {report['policy']['races_confidence']:g} confidence at rate "
-                    f"{report['policy']['races_rate']:g}):"]  # fmt: skip
+                    f"{report['policy']['races_rate']:g}, from calls beside "
+                    f"{report['policy']['races_contention']} on a GPU):"]  # fmt: skip
         out += [f"- {line}" for line in hunts]
     if report["faults"]:
         out += ["", "Faults caught (the planted catalogue; detection power of this run):"]

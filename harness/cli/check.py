@@ -4,6 +4,7 @@ recorded in a results folder with a reproducer for every FAIL and ERROR."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mxmoe.harness.contract.platforms import auto_workers, gpu_share_gib, host_arch
     from mxmoe.harness.diagnosis.explain import summarize
     from mxmoe.harness.judge.engine import failure_message, test_id
+    from mxmoe.harness.run.contention import COMPANION_GIB, CONTENTIONS, CompanionFailed, Companions
     from mxmoe.harness.run.profiles import production_cases, profile_cases
     from mxmoe.harness.run.registry import select, with_tactics
     from mxmoe.harness.run.results import Recorder, replay_command
@@ -79,6 +81,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
             by.setdefault(n, []).append(b)
         print("race hunt: " + "; ".join(f"{n} repeats per case: {', '.join(ids)}" for n, ids in by.items()) + "\n",
               flush=True)  # fmt: skip
+    company = args.contention if repeat and share is not None else "none"
+    if repeat and share is None and args.contention != "none":
+        print(f"race hunt: no GPU here, so its calls have no company (--contention {args.contention} makes "
+              "work beside them on a GPU)\n", flush=True)  # fmt: skip
+    elif company != "none":
+        share -= COMPANION_GIB
+        print(f"race hunt: its calls run beside {CONTENTIONS[company]} ({gpus} companion process(es), "
+              f"{COMPANION_GIB:g} GiB each, working only while a hunted case's calls run)\n", flush=True)  # fmt: skip
     progress = Progress(len(pairs))
     sweep = Sweep(
         recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
@@ -86,7 +96,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         repeat=lambda loaded: repeat.get(loaded.backend.declaration.id, 0),
     )  # fmt: skip
     try:
-        verdicts = sweep.run(pairs, arch)
+        with Companions(company, gpus) if company != "none" else contextlib.nullcontext() as contention:
+            sweep.contention = contention
+            verdicts = sweep.run(pairs, arch)
+    except CompanionFailed as exc:
+        raise UsageError(f"{exc}; --contention none hunts without company") from None
     finally:
         progress.close()
     print(sweep.time_line(), file=sys.stderr, flush=True)
@@ -118,15 +132,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
             if v.repro is not None:
                 print(f"    replay: {replay_command(v.repro)}")
     if repeat:
-        from mxmoe.harness.run.races import hunt_line
+        from mxmoe.harness.run.races import company_of, hunt_line
 
         print("\nrace hunt (calls of each kernel on the same inputs, each compared bit for bit with its case's first):")
         rate = args.race_power[0] if args.race_power else None
         declared = {v.loaded.backend.declaration.id: v.loaded.backend.declaration.deterministic for v in verdicts}
         for b in repeat:
-            ran = [v.result.metrics for v in verdicts if v.result.backend == b and v.result.metrics.runs]
+            ran = [v.result for v in verdicts if v.result.backend == b and v.result.metrics.runs]
             if ran:  # a backend that ran no case here made no call to hunt in
-                print("  " + hunt_line(b, arch, [(m.runs, m.runs_differing) for m in ran], rate, declared.get(b, True)))
+                calls = [(r.metrics.runs, r.metrics.runs_differing) for r in ran]
+                company = company_of(r.contention for r in ran) if arch != "cpu" else None
+                print("  " + hunt_line(b, arch, calls, rate, declared.get(b, True), company))
     print(f"\nresults: {recorder.path}")
     return 1 if bad else 0
 
@@ -176,6 +192,7 @@ def add_selection(p: argparse.ArgumentParser, profile: str) -> None:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` to ``python -m harness``."""
     from mxmoe.harness.cli.args import arch, count, positive, workers
+    from mxmoe.harness.run.contention import CONTENTIONS, DEFAULT_CONTENTION
 
     p = sub.add_parser("check", help="check backends on a profile's cases (worker processes, recorded results)")
     add_selection(p, "pr")
@@ -202,6 +219,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                       help="the race hunt with as many repeats per case as it takes each hunted backend, over the "
                       "cases it runs here, to see a race that corrupts RATE of its calls with probability "
                       "CONFIDENCE (the sign-off passes its policy's [races]); its power is printed last")  # fmt: skip
+    p.add_argument("--contention", choices=CONTENTIONS, default=DEFAULT_CONTENTION,
+                   help="what runs beside the race hunt's calls on each GPU, in a companion process: "
+                   + "; ".join(f"{k}: {v}" for k, v in CONTENTIONS.items())
+                   + f" (default {DEFAULT_CONTENTION}: a race shows beside other work, seldom alone)")  # fmt: skip
     p.add_argument("--hunt", action="append", default=[], metavar="PATTERN",
                    help="the backends the race hunt runs on (shell globs over ids, repeatable; default every selected "
                    "backend)")  # fmt: skip

@@ -312,8 +312,8 @@ def _ran_kernel_cases(results: str, ids: list[str], arch: str) -> tuple[list[str
 
 def race_hunt_args(production: list[str], policy: str | None) -> list[str]:
     """``check``'s race-hunt arguments for the sign-off's kernel check: the production kernels of
-    ``production`` that the policy's ``[races]`` hunts, at its rate and confidence; none where no
-    kernel is hunted."""
+    ``production`` that the policy's ``[races]`` hunts, at its rate and confidence, beside its
+    contention; none where no kernel is hunted."""
     from mxmoe.reports.policy import load_policy
 
     rules = load_policy(policy)
@@ -321,7 +321,7 @@ def race_hunt_args(production: list[str], policy: str | None) -> list[str]:
     if not hunted:
         return []
     power = f"{rules.races_rate:g},{rules.races_confidence:g}"
-    return ["--race-power", power, *(a for b in hunted for a in ("--hunt", b))]
+    return ["--race-power", power, "--contention", rules.races_contention, *(a for b in hunted for a in ("--hunt", b))]
 
 
 def _production_backends(ids: list[str]) -> list[str]:

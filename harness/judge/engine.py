@@ -219,6 +219,10 @@ class Result:
     seconds: float = 0.0
     findings: list[str] = field(default_factory=list)
     """Observations that are not failures by themselves (declared non-determinism, for one)."""
+    contention: str = ""
+    """What ran beside the race hunt's calls of this case on its GPU (``guarded_call``'s ``contend``):
+    a name of ``harness.run.contention.CONTENTIONS``, "none" for a hunt without company, empty where
+    the case was not hunted."""
     build: str = ""
     """Which build of the kernel ran (``Backend.provenance``): the vendor package's version and
     where it was loaded from, or the project's own build of it; empty for the harness's own."""
@@ -472,6 +476,7 @@ def guarded_call(
     diagnose: Diagnose | None = None,
     clock: StageClock | None = None,
     repeat: int = 0,
+    contend: Callable[[], contextlib.AbstractContextManager[str]] | None = None,
 ) -> torch.Tensor | None:
     """The guarded, judged call of a backend that applies and is loaded: snapshot the inputs,
     convert (or ``prepared()``, for a caller that keeps converted weights, as a model's layer
@@ -486,6 +491,9 @@ def guarded_call(
     (``Metrics.differing_run``, ``differs_where``); for a backend declared non-deterministic, the
     worst of the differing runs against the bound does. Every run's difference is counted
     (``runs_differing``), so that a race's rate is measured, not only its existence.
+    ``contend``: where the hunt repeats, the company its calls run in (other work on the GPU, which
+    the caller makes; ``harness.run.contention``): entered around the calls, not the judging, and
+    what it yields is the record's ``contention``.
     Returns the first run's output, or None when the backend raised (``result`` is its ERROR) or
     declined the case once it saw it (BackendUnavailable: a SKIP naming why).
     Raises only for the harness's own failures (making the oracle). ``clock`` times its stages."""
@@ -522,28 +530,31 @@ def guarded_call(
     try:
         with timed(clock, "convert"), _the_backends():
             ready = prepared() if prepared is not None else backend.convert(inputs)
-        runs = [call(ready), call(ready)]
-        with timed(clock, "guards"):
-            differ = bitwise_differences(runs[0], runs[1])
-        kept = (2, runs[1], differ, None) if differ else None  # run number, output, differences, metrics
-        runs[1] = None  # kept above where it differs; else it is run 1 again
-        differing = int(bool(differ))
-        for number in range(3, total + 1):
-            out = call(ready)
+        company = contend() if contend is not None and repeat else contextlib.nullcontext("none" if repeat else "")
+        with company as said:
+            result.contention = said
+            runs = [call(ready), call(ready)]
             with timed(clock, "guards"):
-                differ = bitwise_differences(runs[0], out)
-            if not differ:
-                continue
-            differing += 1
-            if kept is None:
-                kept = (number, out, differ, None)
-            elif not d.deterministic:  # the worst of the differing runs against the bound stands
-                mine = judged(out)
-                theirs = kept[3] or judged(kept[1])
-                if (_wrong(mine), mine.worst_ratio) > (_wrong(theirs), theirs.worst_ratio):
-                    kept = (number, out, differ, mine)
-                else:
-                    kept = (*kept[:3], theirs)
+                differ = bitwise_differences(runs[0], runs[1])
+            kept = (2, runs[1], differ, None) if differ else None  # run number, output, differences, metrics
+            runs[1] = None  # kept above where it differs; else it is run 1 again
+            differing = int(bool(differ))
+            for number in range(3, total + 1):
+                out = call(ready)
+                with timed(clock, "guards"):
+                    differ = bitwise_differences(runs[0], out)
+                if not differ:
+                    continue
+                differing += 1
+                if kept is None:
+                    kept = (number, out, differ, None)
+                elif not d.deterministic:  # the worst of the differing runs against the bound stands
+                    mine = judged(out)
+                    theirs = kept[3] or judged(kept[1])
+                    if (_wrong(mine), mine.worst_ratio) > (_wrong(theirs), theirs.worst_ratio):
+                        kept = (number, out, differ, mine)
+                    else:
+                        kept = (*kept[:3], theirs)
     except BackendUnavailable as exc:
         # The backend's own gate, known only once it sees the case (vLLM's oracle refusing or
         # re-routing a deployment): a SKIP that names it, never a verdict on a kernel not run.
@@ -757,6 +768,7 @@ def run_case(
     diagnose: Diagnose | None = None,
     clock: StageClock | None = None,
     repeat: int = 0,
+    contend: Callable[[], contextlib.AbstractContextManager[str]] | None = None,
 ) -> tuple[Result, CaseInputs | None]:
     """Check ``backend`` on ``case`` for ``arch``. Never raises for the backend's sake: whatever
     it does becomes the Result. Returns the inputs used (for a reproducer), or None when skipped
@@ -767,7 +779,8 @@ def run_case(
     from it; the user-facing checks pass one, the fault catalogue does not (it plants the cause).
     ``prepared(inputs)``, where given, stands for ``backend.convert(inputs)`` (a sweep's weights
     converted once per layer). ``clock`` is charged each stage's time (``bench-check``).
-    ``repeat``: the race hunt's runs beyond the two guarded ones (``guarded_call``)."""
+    ``repeat``: the race hunt's runs beyond the two guarded ones, in the company ``contend`` makes
+    (``guarded_call``)."""
     check_arch(arch)
     if not isinstance(repeat, int) or repeat < 0:
         raise ValueError(f"repeat: a whole number of runs >= 0, not {repeat!r}")
@@ -793,7 +806,7 @@ def run_case(
                 inputs = make_inputs(case, device_for(arch))
         ready = None if prepared is None else functools.partial(prepared, inputs)
         guarded_call(backend, inputs, result, bounded=bounded, tied=tied, prepared=ready, diagnose=diagnose,
-                     clock=clock, repeat=repeat)  # fmt: skip
+                     clock=clock, repeat=repeat, contend=contend)  # fmt: skip
         return result, inputs
     except Exception:
         # A harness failure (making inputs, the oracle): reported, never mistaken for a verdict.

@@ -51,16 +51,35 @@ def confidence_from(calls: int, rate: float) -> float:
     return 1.0 - (1.0 - rate) ** calls
 
 
+def company_of(contentions: Iterable[str]) -> str | None:
+    """What a backend's hunted calls ran beside, in words, from its cases' record ``contention``
+    (``harness.run.contention``); None where no case says (results made before it was recorded)."""
+    from mxmoe.harness.run.contention import CONTENTIONS
+
+    said = list(contentions)
+    kinds = sorted({c for c in said if c})
+    if not kinds:
+        return None
+    words = "; ".join(CONTENTIONS.get(k, k) for k in kinds)
+    return words if len(kinds) == 1 and all(said) else f"{words} ({sum(map(bool, said))} of {len(said)} cases said)"
+
+
 def hunt_line(
-    backend: str, arch: str, runs: Iterable[tuple[int, int]], rate: float | None = None, deterministic: bool = True
+    backend: str,
+    arch: str,
+    runs: Iterable[tuple[int, int]],
+    rate: float | None = None,
+    deterministic: bool = True,
+    company: str | None = None,
 ) -> str:
     """One backend's hunt on one arch, from each case's (calls, calls that differed from its first):
-    what was seen, and, given ``rate``, the power that calls which all agreed give. A backend
-    declared non-deterministic differs by design; its worst differing run of each case was judged
-    against the bound (a wrong one is its case's FAIL), so what the calls rule out is a wrong run."""
+    what was seen, beside what (``company``: ``company_of``), and, given ``rate``, the power that
+    calls which all agreed give under that company. A backend declared non-deterministic differs by
+    design; its worst differing run of each case was judged against the bound (a wrong one is its
+    case's FAIL), so what the calls rule out is a wrong run."""
     runs = list(runs)
     calls, differing = sum(c for c, _ in runs), sum(d for _, d in runs)
-    head = f"{backend} ({arch}): {calls} calls over {len(runs)} cases"
+    head = f"{backend} ({arch}): {calls} calls over {len(runs)} cases" + (f", beside {company}" if company else "")
     if not deterministic:
         head += (f"; {differing} differed from their case's first run (declared non-deterministic: judged "
                  "against the bound)")

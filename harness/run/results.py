@@ -160,6 +160,7 @@ class Recorder:
             "findings": list(result.findings),
             "diagnosis": result.diagnosis,
             "build": result.build,
+            "contention": result.contention,
             "case_id": result.case.id,
             "case": case,
             "metrics": result.metrics.to_dict(),
@@ -251,6 +252,7 @@ def save_repro(directory: str | Path, result: Result, inputs: CaseInputs, backen
         "traceback": result.traceback,
         "diagnosis": result.diagnosis,
         "build": result.build,
+        "contention": result.contention,
         "replay": replay_command(json_path),
     }
     json_path.write_text(json.dumps(finite_json(_plain(info)), indent=1, allow_nan=False) + "\n", encoding="utf-8")

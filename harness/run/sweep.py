@@ -13,6 +13,8 @@ hardware, are decided in the parent (``supports`` is pure), without a worker.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import multiprocessing
 import os
@@ -41,6 +43,7 @@ from mxmoe.harness.contract.platforms import (
 )
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
+from mxmoe.harness.run.contention import Contention
 from mxmoe.harness.run.registry import Loaded, load_spec
 from mxmoe.harness.run.results import Recorder, save_repro
 
@@ -188,6 +191,7 @@ def check_pair(
     diagnose: Diagnose | None = None,
     clock: StageClock | None = None,
     repeat: int = 0,
+    contend: Callable[[], contextlib.AbstractContextManager[str]] | None = None,
 ) -> tuple[Result, CaseInputs | None]:
     """What a worker does with one task: ``run_case``, on the case's inputs and oracle shared with
     the backends checked on the same case before it (``_Shared``) and, for a backend that converts
@@ -206,7 +210,7 @@ def check_pair(
         tied = 0
     result, used = run_case(backend, case, arch, inputs=inputs, bounded=bounded, tied=tied,
                             prepared=_CONVERTED.prepared(loaded, case), diagnose=diagnose, clock=clock,
-                            repeat=repeat)  # fmt: skip
+                            repeat=repeat, contend=contend)  # fmt: skip
     if result.inputs_modified or (used is not None and not result.inputs_checked):
         # written into, or not known to be unchanged: drawn again (unchanged after a backend that
         # raised or declined once it saw the case, they and their oracle stay for the next backend)
@@ -227,20 +231,29 @@ def stage_seconds(clock: StageClock, check_s: float, reproducer_s: float) -> dic
 
 
 def worker_main(
-    conn: Connection, results_dir: str, threads: int, slot: int = 0, diagnose: Diagnose | None = None
+    conn: Connection,
+    results_dir: str,
+    threads: int,
+    slot: int = 0,
+    diagnose: Diagnose | None = None,
+    contention: Contention | None = None,
 ) -> None:
     """A worker's loop: receive ``(index, spec, case dict, arch)``, answer ``("begin", index)`` at
     once and ``("done", index, Result, repro path)`` at the end; ``RELEASE`` frees what it holds of
     its last case, ``None`` ends it. Backends are loaded once per spec and kept. Worker ``slot`` is
     pinned to GPU ``slot`` modulo their number (``platforms.pin_gpu``); its replacement after a
     crash takes the same GPU. ``diagnose`` (a module-level function, so that it crosses the process
-    boundary) diagnoses each FAIL."""
+    boundary) diagnoses each FAIL. ``contention``: the race hunt's company, which this worker calls
+    up on its GPU around a hunted case's calls (``harness.run.contention``)."""
     import torch
 
     from mxmoe.harness.contract.platforms import pin_gpu
 
     torch.set_num_threads(max(1, threads))
     pin_gpu(slot)
+    contend = None
+    if contention is not None and torch.cuda.is_available():
+        contend = functools.partial(contention.beside, torch.cuda.current_device())
     cache: dict[str, Loaded] = {}
     directory = Path(results_dir)
     case_id = None
@@ -274,7 +287,8 @@ def worker_main(
         clock, start = StageClock(), time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat)
+        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
+                                    contend=contend)  # fmt: skip
         if torch.cuda.is_available():
             result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
         saving = time.perf_counter()
@@ -472,6 +486,9 @@ class Sweep:
     repeat: Callable[[Loaded], int] = lambda _loaded: 0
     """The race hunt's repeats for a backend's tests (``engine.run_case``'s ``repeat``): ``check
     --repeat``, or the sign-off's policy for the backends it hunts races in."""
+    contention: Contention | None = None
+    """The race hunt's company on each GPU (``contention.Companions``, started by the caller), which a
+    worker calls up around a hunted case's calls; None: the hunt's calls have the GPU to themselves."""
     on_memory: Callable[[str, bool], None] | None = None
     """Told of each test that ran out of GPU memory beside other workers: a line naming it, what
     its GPU held and what follows, and whether it is set aside to run again alone at the end (the
@@ -581,7 +598,7 @@ class Sweep:
             parent_conn, child_conn = ctx.Pipe()
             # Not a daemon: a backend may start processes of its own (daemons may not). A worker
             # whose parent disappears sees EOF on its pipe and exits.
-            task = (child_conn, str(directory), threads, slot.index, self.diagnose)
+            task = (child_conn, str(directory), threads, slot.index, self.diagnose, self.contention)
             proc = ctx.Process(target=worker_main, args=task, name="mxmoe-check")
             proc.start()
             child_conn.close()  # so that the worker's death shows as EOF here

@@ -317,7 +317,7 @@ def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path,
     monkeypatch.setattr(signoff, "_signoff_models", lambda results, here: 0)
     monkeypatch.setattr(signoff, "_signoff_gpqa", lambda results, here, limit: 0)
     monkeypatch.setattr(signoff.Background, "command", (sys.executable, "-c", "pass"))  # the steps beside it
-    hunt = ["--race-power", "0.01,0.999", "--hunt", "triton"]
+    hunt = ["--race-power", "0.01,0.999", "--contention", "copy", "--hunt", "triton"]
     for arch, extra, expect in (("sm90", [], ["--workers", "auto", "--production-shapes", *hunt]),
                                 ("sm90", ["--workers", "2"], ["--workers", "2", "--production-shapes", *hunt]),
                                 ("cpu", [], ["--workers", "auto", *hunt])):  # fmt: skip

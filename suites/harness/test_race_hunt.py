@@ -35,6 +35,8 @@ def test_a_hunt_states_what_it_saw_and_the_power_of_calls_that_agreed():
     assert hunt_line("k", "sm90", [(10, 0), (10, 2)], 0.01) == (
         "k (sm90): 20 calls over 2 cases; 2 differed from their case's first run, in 1 cases: a race "
         "(about 10.00% of calls)")  # fmt: skip
+    assert hunt_line("k", "sm90", [(10, 0)], 0.01, company="a copy loop").startswith(
+        "k (sm90): 10 calls over 1 cases, beside a copy loop; none differed")
     assert hunt_line("k", "sm90", [(10, 3)], 0.01, deterministic=False).endswith(
         "3 differed from their case's first run (declared non-deterministic: judged against the bound): no wrong run "
         "at rate >= 0.01 with confidence 9.5618%")  # fmt: skip
@@ -44,10 +46,11 @@ def test_the_sign_off_hunts_the_production_kernels_its_policy_names(tmp_path):
     from mxmoe.harness.cli.signoff import race_hunt_args
 
     assert race_hunt_args(["triton", "marlin"], None) == [
-        "--race-power", "0.01,0.999", "--hunt", "triton", "--hunt", "marlin"]  # fmt: skip
+        "--race-power", "0.01,0.999", "--contention", "copy", "--hunt", "triton", "--hunt", "marlin"]  # fmt: skip
     policy = tmp_path / "policy.toml"
-    policy.write_text('[races]\nbackends = ["tri*"]\nrate = 0.02\nconfidence = 0.99\n')
-    assert race_hunt_args(["triton", "marlin"], str(policy)) == ["--race-power", "0.02,0.99", "--hunt", "triton"]
+    policy.write_text('[races]\nbackends = ["tri*"]\nrate = 0.02\nconfidence = 0.99\ncontention = "matmul"\n')
+    assert race_hunt_args(["triton", "marlin"], str(policy)) == [
+        "--race-power", "0.02,0.99", "--contention", "matmul", "--hunt", "triton"]  # fmt: skip
     assert race_hunt_args([], None) == []  # a CPU: no production kernel runs, none hunted
 
 
@@ -57,7 +60,8 @@ def test_the_sign_off_hunts_the_production_kernels_its_policy_names(tmp_path):
      (["--repeat", "two"], "--repeat: expected an integer >= 0, got 'two'"),
      (["--race-power", "1,0.999"], "--race-power: RATE,CONFIDENCE, each a number strictly between 0 and 1"),
      (["--race-power", "0.01"], "--race-power: RATE,CONFIDENCE"),
-     (["--repeat", "3", "--race-power", "0.01,0.999"], "not allowed with argument")],
+     (["--repeat", "3", "--race-power", "0.01,0.999"], "not allowed with argument"),
+     (["--repeat", "3", "--contention", "loud"], "--contention: invalid choice: 'loud'")],
 )  # fmt: skip
 def test_bad_hunt_arguments_are_refused_naming_them(args, says, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -75,6 +79,9 @@ def test_a_bad_races_table_is_refused_naming_the_key(tmp_path):
         load_policy(bad)
     bad.write_text("[races]\npower = 0.9\n")
     with pytest.raises(PolicyError, match=r"unknown key races.power; accepted in \[races\]: backends, rate"):
+        load_policy(bad)
+    bad.write_text('[races]\ncontention = "loud"\n')
+    with pytest.raises(PolicyError, match=r"races.contention must be one of copy, matmul, none, got 'loud'"):
         load_policy(bad)
 
 
@@ -115,3 +122,5 @@ def test_honest_layers_stay_clean_under_the_same_repeats(tmp_path):
     assert len({r["backend"] for r in ran}) >= 6, json.dumps([r["backend"] for r in ran])
     assert all(r["outcome"] == "PASS" and r["metrics"]["runs"] == 15 and r["metrics"]["runs_differing"] == 0
                for r in ran), [(r["test_id"], r["outcome"], r["reason"]) for r in ran]  # fmt: skip
+    # no GPU here: each record says its calls had no company, rather than claiming a companion's
+    assert {r["contention"] for r in ran} == {"none"}
