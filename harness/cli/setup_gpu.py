@@ -29,6 +29,9 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
         print(f"setup-gpu: offline, from {args.offline} (made {made['created']} for Python {made['python']} on "
               f"{made['platform']}, {made['total_bytes'] / 2**20:.1f} MiB)")  # fmt: skip
     arch = host_arch()
+    if args.cache_key:
+        print(gpu_setup.cache_key(arch))
+        return 0
     steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed, offline)
     if args.plan:
         rows = [(s.name, "skip" if s.skip else "run", s.skip or s.what, ", ".join(s.backends)) for s in steps]
@@ -53,6 +56,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", action="store_true", help="print what would run here and why, and run nothing")
     p.add_argument("--keep-installed", metavar="FILE",
                    help="a pip constraints file pinning the installed torch and triton (./dev passes its own)")
+    p.add_argument("--cache-key", action="store_true",
+                   help="print what a CI cache of the builds is keyed by (architecture, FlashInfer and vLLM releases, "
+                   "torch, triton, CUDA or ROCm, Python), and run nothing")  # fmt: skip
     p.add_argument("--offline", metavar="BUNDLE",
                    help="install and copy from this bundle alone (`python -m harness bundle`), fetching nothing")
     p.set_defaults(fn=_cmd_setup_gpu, parser=p)

@@ -12,6 +12,13 @@ architecture appears in the matrix by declaring it:
 * **report**: after every job, whatever each ended with, one sign-off report merged from every
   job's results folder (uploaded as artifacts named after the job).
 
+A GPU job sets up what it judges: ``./dev setup`` (the Python packages), then ``setup-gpu``
+(triton_kernels, FlashInfer and its SM90 subset, vLLM's runtime and ops), with the builds kept
+between nights in a cache keyed by the releases and the torch, triton, CUDA or ROCm and Python
+they were built against (``setup-gpu --cache-key``): GitHub's ``actions/cache`` over ``.cache``,
+and on Buildkite a folder per key under ``$MXMOE_BUILDS`` (``MXMOE_CACHE``). A night with the
+same key spends seconds, not the subset build's minutes, before its first case.
+
 Self-hosted runners are chosen by labels: ``self-hosted``, ``linux``, the architecture token
 (``sm90``, ``gfx942``, ...) and ``gpus-N``; Buildkite agents by the tags ``queue=gpu``, ``arch``
 and ``gpus``. The committed ``.github/workflows/nightly.yml`` and ``.buildkite/pipeline.yml`` are
@@ -101,6 +108,18 @@ def jobs(declared: dict[str, tuple[str, ...]] | None = None) -> list[Job]:
     return out
 
 
+SETUP_GPU = "./dev py -m harness setup-gpu --keep-installed .cache/keep-installed.txt"
+"""A GPU job's second set-up step, after ``./dev setup``: triton_kernels, FlashInfer and its SM90
+subset, vLLM's runtime and ops, each only where missing (the cache keeps the builds between
+nights); without it every vendor backend of the job would SKIP. A step that fails is named in the
+log and the job goes on: the backends it served SKIP, saying what is missing."""
+CACHE_KEY = "./dev py -m harness setup-gpu --cache-key"
+"""What the builds' cache is keyed by: the releases built, and the torch, triton, CUDA or ROCm and
+Python built against (``gpu_setup.cache_key``)."""
+BUILDKITE_CACHE = 'export MXMOE_CACHE="$${MXMOE_BUILDS:-$$HOME/.cache/mxmoe-builds}/$$(' + CACHE_KEY + ')"'
+"""On a Buildkite agent the builds live outside the checkout (which the agent cleans), in a folder
+per cache key under ``$MXMOE_BUILDS`` (``$$`` is Buildkite's escape for a shell's ``$``)."""
+
 REPORT = ("./dev py -m harness report results --out report --policy kernels-only",)
 """The merge job gates kernels only (its jobs run kernel suites and sharded checks): the policy named
 kernels-only waives the other evidence, and a SHIP says so in its headline."""
@@ -125,6 +144,12 @@ def github(all_jobs: list[Job]) -> str:
                 "steps": [
                     {"uses": "actions/checkout@v4"},
                     {"name": "set up (keeps the runner's CUDA or ROCm torch)", "run": "./dev setup"},
+                    {"name": "the builds' cache key", "id": "key",
+                     "run": f'echo "key=$({CACHE_KEY})" >> "$GITHUB_OUTPUT"'},
+                    {"name": "the builds of earlier nights", "uses": "actions/cache@v4",
+                     "with": {"path": ".cache", "key": "${{ steps.key.outputs.key }}"}},
+                    {"name": "set up the production kernels (what the cache lacks)", "run": SETUP_GPU,
+                     "continue-on-error": True},
                     {"name": "run", "run": "${{ matrix.command }}"},
                     {"name": "keep the results", "if": "always()", "uses": "actions/upload-artifact@v4",
                      "with": {"name": "results-${{ matrix.id }}", "path": "${{ matrix.results }}",
@@ -154,7 +179,9 @@ def buildkite(all_jobs: list[Job]) -> str:
     import yaml
 
     steps: list[dict] = [
-        {"label": f"{j.id}", "key": j.id, "command": ["./dev setup", *j.commands],
+        {"label": f"{j.id}", "key": j.id,
+         "command": ["./dev setup", BUILDKITE_CACHE, f"{SETUP_GPU} || echo 'setup-gpu failed: its backends SKIP'",
+                     *j.commands],
          "agents": {"queue": "gpu", "arch": j.arch, "gpus": str(j.gpus)},
          "artifact_paths": [f"{j.results}/**/*"], "timeout_in_minutes": 360}
         for j in all_jobs

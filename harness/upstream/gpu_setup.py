@@ -231,3 +231,20 @@ def run(steps: list[Step], log: Callable[[str], None] = print,
             out.append(Done(step, "ran", seconds))
             log(f"setup: {step.name}: done in {seconds:.0f} s")
     return out
+
+
+def cache_key(arch: str) -> str:
+    """What a CI cache of the set-up's builds is keyed by (``setup-gpu --cache-key``): the
+    architecture, the FlashInfer and vLLM releases built for, and the torch, triton, CUDA or ROCm
+    and Python they were built against. A build made against another torch is not reused: its
+    compiled ops would load and fail, or not load."""
+    import platform
+
+    import torch
+    import triton
+
+    cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
+    toolkit = f"cuda{cuda}" if cuda else f"rocm{hip}" if hip else "cpu"
+    python = ".".join(platform.python_version_tuple()[:2])
+    return (f"mxmoe-{arch}-flashinfer{GPU_FLASHINFER}-vllm{NEWEST_VLLM}-torch{torch.__version__}-"
+            f"triton{triton.__version__}-{toolkit}-py{python}")  # fmt: skip

@@ -78,3 +78,39 @@ def test_shards_split_the_suite_without_loss_or_overlap():
     bad = subprocess.run([sys.executable, "-m", "pytest", "suites/engine/test_differential.py", "--collect-only",
                           "-q", "--shard", "3/3"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode != 0 and "--shard: expected I/K with 0 <= I < K, got '3/3'" in bad.stderr
+
+
+def test_every_gpu_job_sets_up_what_it_judges_with_builds_kept_by_release_torch_and_cuda():
+    """``./dev setup`` alone installs no vendor piece: a job without ``setup-gpu`` would SKIP every
+    vendor backend. Each GPU job runs it, after restoring the builds of the nights with its key."""
+    import yaml
+
+    from mxmoe.harness.distributed.matrix import CACHE_KEY, SETUP_GPU
+
+    gh = yaml.safe_load(FILES["github"][0].read_text())["jobs"]["gpu"]["steps"]
+    names = [s.get("uses") or s.get("run") for s in gh]
+    key, cache, setup = (next(i for i, n in enumerate(names) if want in n)
+                         for want in (CACHE_KEY, "actions/cache", SETUP_GPU))  # fmt: skip
+    assert names.index("./dev setup") < key < cache < setup < names.index("${{ matrix.command }}"), names
+    assert gh[cache]["with"] == {"path": ".cache", "key": "${{ steps.key.outputs.key }}"}
+    bk = yaml.safe_load(FILES["buildkite"][0].read_text())["steps"]
+    for step in (s for s in bk if s.get("key") not in (None, "report")):
+        cmds = step["command"]
+        assert cmds[0] == "./dev setup" and CACHE_KEY in cmds[1] and "MXMOE_CACHE" in cmds[1], cmds
+        assert cmds[2].startswith(SETUP_GPU), cmds
+
+
+def test_the_cache_key_names_the_releases_and_what_they_were_built_against():
+    import torch
+    import triton
+
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
+
+    out = subprocess.run([sys.executable, "-m", "harness", "setup-gpu", "--cache-key"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    key = out.stdout.strip()
+    for part in (f"vllm{NEWEST_VLLM}", f"torch{torch.__version__}", f"triton{triton.__version__}", "flashinfer",
+                 f"py{sys.version_info.major}.{sys.version_info.minor}"):  # fmt: skip
+        assert part in key, (part, key)
+    assert len(key.splitlines()) == 1 and " " not in key
