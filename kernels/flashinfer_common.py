@@ -17,6 +17,7 @@ hard-coded integer was a shipped bug (docs/shipped-bugs.md).
 from __future__ import annotations
 
 import os
+import sys
 from importlib import metadata
 from types import ModuleType
 from typing import ClassVar
@@ -136,6 +137,12 @@ def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | N
     except ImportError as exc:
         raise BackendUnavailable(f"{backend_id}: flashinfer.jit did not import: {exc}") from exc
     subset = module_name == FULL_SM90_MODULE
+    imported = getattr(sys.modules.get("flashinfer"), "__version__", None)
+    if imported is not None and imported != installed_version():
+        # The layouts follow the installed distribution and the subset the imported package: they
+        # must be one release, or a build of one would run with the other's layout.
+        raise BackendUnavailable(f"{backend_id}: the imported flashinfer is {imported} but flashinfer-python "
+                                 f"{installed_version()} is installed; one release must be both")  # fmt: skip
     if subset:
         from mxmoe.harness.upstream import flashinfer_sm90
 
@@ -144,6 +151,13 @@ def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | N
             return record
     if os.environ.get(JIT_OPT_IN) == "1":
         return None
+    if subset and (failed := flashinfer_sm90.failed_record()) is not None:
+        reason = str(failed["reason"]).splitlines()[0]
+        raise BackendUnavailable(
+            f"{backend_id}: the project's bf16 x MXFP4 subset of FlashInfer {failed['flashinfer']}'s {module_name} "
+            f"could not be built: {reason} (in {flashinfer_sm90.build_root() / flashinfer_sm90.FAILED}); set "
+            f"{JIT_OPT_IN}=1 to let the first call compile FlashInfer's whole module instead"
+        )
     build = (
         "; or build the project's bf16 x MXFP4 subset of it on this GPU machine with "
         "`python -m harness build-flashinfer` (about a tenth of the module)"
@@ -155,6 +169,13 @@ def require_compiled(module_name: str, backend_id: str) -> dict[str, object] | N
         f"flashinfer-jit-cache {installed_version()}, or set {JIT_OPT_IN}=1 to let the first call compile it "
         f"(the SM90 MoE module takes 35-90 minutes at 16 cores){build}"
     )
+
+
+def subset_build(record: dict[str, object]) -> str:
+    """The build string of a result whose kernel ran from the project's SM90 subset (its
+    ``build.json`` record), naming the FlashInfer release first."""
+    return (f"flashinfer-python {record['flashinfer']}, SM90 subset built by the project ({record['module']}: the "
+            f"bf16 x MXFP4 part of fused_moe_90, recipe {record['recipe']}, CUDA {record['cuda']})")  # fmt: skip
 
 
 class FlashInferKernel(VendorKernel):
@@ -184,14 +205,14 @@ class FlashInferKernel(VendorKernel):
         FlashInferKernel._fi = fused_moe
 
     def provenance(self) -> str | None:
-        """The project-built subset where it runs in place of FlashInfer's module, else the wheel."""
+        """The FlashInfer release first, then which build of its kernel ran: the project-built
+        subset where it runs in place of FlashInfer's module (``subset_build``), else FlashInfer's
+        own, from the installed package's folder."""
         b = self._built
-        if b is None:
-            return super().provenance()
-        return (
-            f"kernel from the project's build of FlashInfer {b['flashinfer']}'s {b['module']} (the bf16 x MXFP4 "
-            f"subset of fused_moe_90, recipe {b['recipe']}, CUDA {b['cuda']}), not FlashInfer's own build"
-        )
+        if b is not None:
+            return subset_build(b)
+        own = super().provenance()
+        return own and f"flashinfer-python {installed_version()}, FlashInfer's own build: {own}"
 
     def cutlass_common(self, conv: Converted, inputs: CaseInputs, output: torch.Tensor) -> dict[str, object]:
         """The ``cutlass_fused_moe`` arguments both CUTLASS variants pass alike (vLLM's

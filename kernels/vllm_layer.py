@@ -184,8 +184,13 @@ class VllmLayer(VendorKernel):
                  if ops else "no compiled vLLM op loaded")  # fmt: skip
         fi = self.flashinfer_build
         if fi is not None:
-            built += (f"; FlashInfer's kernel from the project's build of FlashInfer {fi['flashinfer']}'s "
-                      f"{fi['module']} (recipe {fi['recipe']})")  # fmt: skip
+            from mxmoe.kernels.flashinfer_common import subset_build
+
+            built += f"; FlashInfer's kernel: {subset_build(fi)}"
+        elif self.jit_modules:
+            from mxmoe.kernels.flashinfer_common import installed_version
+
+            built += f"; FlashInfer's kernel: flashinfer-python {installed_version()}, FlashInfer's own build"
         return f"vllm {b['vllm']} ({b['source']}); {built}"
 
     def check_call(self) -> None:

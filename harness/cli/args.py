@@ -73,6 +73,17 @@ def arch(value: str) -> str:
     return value
 
 
+def flashinfer_version(value: str) -> str:
+    """argparse type for --flashinfer-version: a flashinfer-python release the harness knows
+    (``flashinfer_releases.INDEX_RELEASES``)."""
+    from mxmoe.harness.upstream.flashinfer_releases import check_release
+
+    try:
+        return check_release(value.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def backend_file(value: str) -> str:
     """argparse type for --backend-file: ``path/to/file.py:ClassName`` naming an existing file (a
     file that exists but fails to import is not an argument error: its cases become ERRORs)."""

@@ -15,6 +15,12 @@ def _cmd_build_flashinfer(args: argparse.Namespace) -> int:
         raise UsageError(f"flashinfer-python is not installed ({exc}): the subset is built from its sources") from None
     from mxmoe.harness.upstream import flashinfer_sm90 as fs
 
+    if args.flashinfer_version and args.flashinfer_version != flashinfer.__version__:
+        raise UsageError(
+            f"--flashinfer-version {args.flashinfer_version}: the subset is built from the installed FlashInfer's "
+            f"sources, and flashinfer {flashinfer.__version__} is installed; install {args.flashinfer_version} first "
+            f"(`python -m harness setup-gpu --flashinfer-version {args.flashinfer_version}`)"
+        )
     if args.if_missing and (made := fs.built_record()) is not None:
         # A build carried in from another machine (the same FlashInfer release) is reused: FlashInfer's
         # installation comes after the set-up's probe, so only here can the set-up learn it is there.
@@ -24,7 +30,7 @@ def _cmd_build_flashinfer(args: argparse.Namespace) -> int:
     try:
         record = fs.build(jobs=args.jobs)
     except fs.BuildError as exc:
-        print(f"build failed: {exc}")
+        print(f"build failed for flashinfer {flashinfer.__version__}: {exc}")
         return 1
     print(
         f"built {fs.module_path()} ({record['size_bytes'] / 2**20:.1f} MiB): {record['sources']['kept']} of "
@@ -42,7 +48,7 @@ def _cmd_build_flashinfer(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``build-flashinfer`` to ``python -m harness``."""
-    from mxmoe.harness.cli.args import positive
+    from mxmoe.harness.cli.args import flashinfer_version, positive
 
     p = sub.add_parser(
         "build-flashinfer",
@@ -51,5 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=positive(int), help="parallel compiles (default: every core)")
     p.add_argument("--if-missing", action="store_true",
                    help="do nothing where a module is built already for the installed FlashInfer")
+    p.add_argument("--flashinfer-version", type=flashinfer_version, metavar="V",
+                   help="the release to build for: it must be the installed one (a check, for scripts)")
     p.add_argument("--json", metavar="FILE", help="also write the build record (time, size, recipe) here")
     p.set_defaults(fn=_cmd_build_flashinfer, parser=p)

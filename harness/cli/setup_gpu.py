@@ -17,6 +17,7 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
     if args.keep_installed and not Path(args.keep_installed).is_file():
         raise UsageError(f"--keep-installed: no such file {args.keep_installed!r}")
     offline = None
+    available = None
     if args.offline:
         from mxmoe.harness.upstream import bundle
         from mxmoe.harness.upstream.fetch import VendorMissing
@@ -26,13 +27,22 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
         except VendorMissing as exc:
             raise UsageError(f"--offline: {exc}") from None
         offline = bundle.offline_sources(Path(args.offline))
+        available = bundle.flashinfer_releases(made)
         print(f"setup-gpu: offline, from {args.offline} (made {made['created']} for Python {made['python']} on "
               f"{made['platform']}, {made['total_bytes'] / 2**20:.1f} MiB)")  # fmt: skip
+    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
+    from mxmoe.harness.upstream.flashinfer_releases import choose
+
+    try:
+        fi = choose(args.flashinfer_version, NEWEST_VLLM, available)
+    except ValueError as exc:
+        raise UsageError(f"--flashinfer-version: {exc}") from None
     arch = host_arch()
-    if args.cache_key:
-        print(gpu_setup.cache_key(arch))
+    if args.cache_key:  # alone on standard output: CI reads it
+        print(gpu_setup.cache_key(arch, fi.release))
         return 0
-    steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed, offline)
+    print(f"setup-gpu: flashinfer-python {fi.release} for vLLM {fi.vllm}" + (f": {fi.note}" if fi.note else ""))
+    steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed, offline, fi)
     if args.plan:
         rows = [(s.name, "skip" if s.skip else "run", s.skip or s.what, ", ".join(s.backends)) for s in steps]
         print(f"set-up plan for this {arch} host\n")
@@ -51,6 +61,8 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``setup-gpu`` to ``python -m harness``."""
+    from mxmoe.harness.cli.args import flashinfer_version
+
     p = sub.add_parser("setup-gpu", help="fetch and build what this GPU machine's production kernels need, "
                                          "each only where missing")  # fmt: skip
     p.add_argument("--plan", action="store_true", help="print what would run here and why, and run nothing")
@@ -61,4 +73,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "torch, triton, CUDA or ROCm, Python), and run nothing")  # fmt: skip
     p.add_argument("--offline", metavar="BUNDLE",
                    help="install and copy from this bundle alone (`python -m harness bundle`), fetching nothing")
+    p.add_argument("--flashinfer-version", type=flashinfer_version, metavar="V",
+                   help="the flashinfer-python release to install and build for, replacing an installed one "
+                   "(default: the one the vLLM under test pins, or the nearest newer release PyPI has)")
     p.set_defaults(fn=_cmd_setup_gpu, parser=p)

@@ -4,7 +4,9 @@ kernels, made on a machine with network for the GPU machine's Python and platfor
 Many GPU clusters have no network on their compute nodes. There the set-up (``gpu_setup``) reads
 this folder instead of PyPI, and nothing else:
 
-* ``wheels/``: FlashInfer (without its CUDA dependencies) and the FFI layer it imports, its light
+* ``wheels/``: FlashInfer (without its CUDA dependencies; each release asked for, by default the
+  one the vLLM under test pins, each wheel cut to what the harness reads of it:
+  ``flashinfer_cut``) and the FFI layer it imports, its light
   pure-Python dependencies, and lm-eval with the packages it imports that a GPU image with torch,
   transformers, pandas and scipy lacks (``LM_EVAL_DEPS``), pinned to a set that installs together.
   lm-eval's own task folders are left out of its wheel (9 of its 13 MiB): the harness reads only
@@ -33,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM, VendorMissing, triton_kernels_root
-from mxmoe.harness.upstream.gpu_setup import FLASHINFER_LIGHT_DEPS, FLASHINFER_PACKAGES
+from mxmoe.harness.upstream.gpu_setup import FLASHINFER_LIGHT_DEPS, flashinfer_packages
 
 MANIFEST = "bundle.json"
 LM_EVAL = "lm-eval==0.4.13"
@@ -92,7 +94,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest(root: Path, python: str, platform: str) -> dict[str, object]:
+def manifest(root: Path, python: str, platform: str, flashinfer: tuple[str, ...] = ()) -> dict[str, object]:
     """``bundle.json``'s content for the folder ``root`` as it is."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
     items = [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
@@ -101,12 +103,18 @@ def manifest(root: Path, python: str, platform: str) -> dict[str, object]:
         "python": python,
         "platform": platform,
         "vllm": NEWEST_VLLM,
-        "flashinfer": FLASHINFER_PACKAGES[0].split("==")[1],
+        "flashinfer": list(flashinfer),
         "lm_eval": LM_EVAL.split("==")[1],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "total_bytes": sum(i["bytes"] for i in items),
         "files": items,
     }
+
+
+def flashinfer_releases(data: dict[str, object]) -> tuple[str, ...]:
+    """The FlashInfer releases a bundle's manifest lists (one name in bundles made before the list)."""
+    held = data.get("flashinfer") or ()
+    return (held,) if isinstance(held, str) else tuple(held)
 
 
 def read_manifest(root: Path) -> dict[str, object]:
@@ -123,9 +131,12 @@ def read_manifest(root: Path) -> dict[str, object]:
     return data
 
 
-def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
-         log: Callable[[str], None] = print) -> dict[str, object]:  # fmt: skip
-    """Write the bundle (module docstring) into ``out`` (which must not exist yet); its manifest."""
+def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64", log: Callable[[str], None] = print,
+         flashinfer: tuple[str, ...] = ()) -> dict[str, object]:  # fmt: skip
+    """Write the bundle (module docstring) into ``out`` (which must not exist yet), with each
+    FlashInfer release of ``flashinfer`` (default: the one ``NEWEST_VLLM`` pins); its manifest."""
+    from mxmoe.harness.upstream.flashinfer_cut import cut_wheel
+    from mxmoe.harness.upstream.flashinfer_releases import resolve
     from mxmoe.harness.upstream.vllm_ops import fetch_source
     from mxmoe.harness.upstream.vllm_runtime import fetch_runtime, runtime_fetched, runtime_root
 
@@ -141,9 +152,25 @@ def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
                           "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
     target = ["--python-version", python, "--implementation", "cp", *(a for p in platforms for a in ("--platform", p))]
     binary = [d for d in LM_EVAL_DEPS if d.split("==")[0] not in SOURCE_ONLY]
-    log(f"bundle: wheels for Python {python} on {platform} (FlashInfer, lm-eval and what they need) ...")
+    releases = tuple(dict.fromkeys(flashinfer)) or (resolve().release,)
+    ffi = sorted({flashinfer_packages(r)[1] for r in releases})
+    log(f"bundle: wheels for Python {python} on {platform} (lm-eval, FlashInfer's dependencies) ...")
     _pip("download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(wheels),
-         *FLASHINFER_PACKAGES, *FLASHINFER_LIGHT_DEPS, LM_EVAL, *binary)  # fmt: skip
+         *ffi, *FLASHINFER_LIGHT_DEPS, LM_EVAL, *binary)  # fmt: skip
+    full = out.with_name(out.name + ".flashinfer")
+    shutil.rmtree(full, ignore_errors=True)
+    cuts = {}
+    for release in releases:
+        log(f"bundle: flashinfer-python {release}, cut to what the harness reads of it ...")
+        _pip("download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(full),
+             flashinfer_packages(release)[0])  # fmt: skip
+        (wheel,) = full.glob(f"flashinfer_python-{release}-*.whl")
+        cut = cut_wheel(wheel, wheels)
+        cuts[release] = {k: cut[k] for k in ("wheel", "bytes", "full_bytes", "subset_generation", "subset_error")}
+        log(f"bundle: flashinfer-python {release}: {cut['full_bytes'] / 2**20:.1f} MiB cut to "
+            f"{cut['bytes'] / 2**20:.1f} MiB" + (f"; the SM90 subset cannot be built for it: {cut['subset_error']}"
+                                                 if cut["subset_error"] else ""))  # fmt: skip
+    shutil.rmtree(full, ignore_errors=True)
     _pip("wheel", "-q", "--no-deps", "-w", str(wheels), *(d for d in LM_EVAL_DEPS if d.split("==")[0] in SOURCE_ONLY))
     (lm_eval,) = wheels.glob("lm_eval-*.whl")
     without_tasks(lm_eval)
@@ -155,7 +182,7 @@ def make(out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
     shutil.copytree(runtime, partial / runtime.name, ignore=shutil.ignore_patterns("site", "site.*"))
     sdist = fetch_source(NEWEST_VLLM)
     csrc_only(sdist, partial / "sdist" / sdist.name)
-    data = manifest(partial, python, platform)
+    data = manifest(partial, python, platform, releases) | {"flashinfer_cut": cuts}
     (partial / MANIFEST).write_text(json.dumps(data, indent=1), encoding="utf-8")
     partial.rename(out)
     log(f"bundle: {out}, {data['total_bytes'] / 2**20:.1f} MiB in {len(data['files'])} files")

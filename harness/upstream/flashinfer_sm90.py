@@ -19,13 +19,21 @@ runner never reaches:
 
 - the MoE GEMM runners of the other type pairs (``moe_gemm_kernels_<act>_<weight>.cu`` other than
   ``bf16_fp4``), and the generated kernel files that do not instantiate the SM90 mixed-input
-  grouped GEMM for ``__nv_bfloat16`` x ``__nv_fp4_e2m1`` (``MIXED_LAUNCHER``): 10 of 154 at 0.6.14;
+  grouped GEMM for bf16 x MXFP4 (``Generation.launcher``): 10 of 154 at 0.6.14;
 - FlashInfer's ``cutlass_fused_moe_instantiation.cu``, which instantiates the runner for every type
-  pair, replaced by ``INSTANTIATION`` (the one runner, and the bf16 finalize);
+  pair, replaced by ``instantiation`` (the one runner, and the bf16 finalize);
 - the binding's runner selection, cut to the bf16 x MXFP4 runner by two line edits
-  (``BINDING_EDITS``, applied like the mutation patches: each old line exactly once, or an
+  (``binding_edits``, applied like the mutation patches: each old line exactly once, or an
   error naming it). Any other activation/weight pair is refused by the binding's own check
   ("Could not construct fused moe op ...").
+
+How a release spells that path is its ``Generation``: 0.6.14 names MXFP4 ``__nv_fp4_e2m1``
+everywhere; 0.7.x names it ``Fp4Type`` in the runner (``cutlass::float_e2m1_t`` on the Hopper TMA
+path) and ``SafeFP4`` in the generated kernel files, and generates 220 kernel files, not 154. The
+list of FlashInfer's own sources is the same in 0.6.14, 0.7.2.post1 and 0.7.4. The generation is
+read from the release's sources (the runner its binding constructs, the launchers its generator
+writes); a release that matches none is refused, and the refusal is recorded beside its build
+folder (``FAILED``) so that the FlashInfer backends' SKIP names the release and the reason.
 
 Every other source of the spec (the routing, permutation, finalize and activation kernels, the
 DeepSeek block-scale runner every CutlassMoeFCRunner constructs, the heuristics, the logging) is
@@ -57,7 +65,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxmoe.harness.upstream.patches import Edit, replace_line
+from mxmoe.harness.upstream.patches import Edit, PatchError, replace_line
 
 SUBSET_NAME = "mxmoe_fused_moe_90_w4a16"
 """The module's name (FlashInfer's full module is ``fused_moe_90``)."""
@@ -65,41 +73,87 @@ BINDING = "fused_moe/cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu"
 INSTANTIATION_FILE = "cutlass_fused_moe_instantiation.cu"
 KEPT_GEMM = "moe_gemm_kernels_bf16_fp4.cu"
 GEMM_PREFIX = "moe_gemm_kernels_"
-MIXED_LAUNCHER = "sm90_generic_mixed_moe_gemm_kernelLauncher<__nv_bfloat16, __nv_fp4_e2m1,"
-"""What a generated kernel file must instantiate to be kept."""
+FAILED = "build-failed.json"
+"""Beside a release's build folder: why the subset could not be built for that release (the
+FlashInfer backends' SKIP names it)."""
 
-BINDING_EDITS: tuple[Edit, ...] = (
-    Edit(
-        BINDING,
-        "    if (mActivationDtype == dl_float16 && mWeightDtype == dl_float16) {",
-        "#if 0  // mxmoe subset: only the bf16 x MXFP4 runner is built (see below)\n"
-        "    if (mActivationDtype == dl_float16 && mWeightDtype == dl_float16) {",
-    ),
-    Edit(
-        BINDING,
-        "    if (!mKernelRunner) {",
-        "#endif  // mxmoe subset\n"
-        "    if (isWFP4A16Quant() && mActivationDtype == dl_bfloat16) {\n"
-        "      mInnerDimMultiplier = 2;\n"
-        "      mKernelRunner =\n"
-        "          std::make_shared<kernels::CutlassMoeFCRunner<__nv_bfloat16, __nv_fp4_e2m1>>();\n"
-        "    }\n"
-        "    if (!mKernelRunner) {",
-    ),
-)
-"""The runner selection of FusedMoeRunner's constructor, cut to WFP4A16 with bf16 activations."""
 
-INSTANTIATION = """\
+@dataclass(frozen=True)
+class Generation:
+    """How one generation of FlashInfer's sources spells the bf16 x MXFP4 path: the runner the
+    binding constructs for WFP4A16, MXFP4's type in the instantiation file's namespace, and what a
+    generated kernel file must instantiate to be kept (FlashInfer's generator names the type)."""
+
+    read_in: str  # the releases whose sources it was read from
+    runner: str
+    weight: str
+    launcher: str
+
+
+GENERATIONS: tuple[Generation, ...] = (
+    Generation("0.6.14", "kernels::CutlassMoeFCRunner<__nv_bfloat16, __nv_fp4_e2m1>", "__nv_fp4_e2m1",
+               "sm90_generic_mixed_moe_gemm_kernelLauncher<__nv_bfloat16, __nv_fp4_e2m1,"),
+    # 0.7: MXFP4 is `Fp4Type` (cutlass::float_e2m1_t on the Hopper TMA path), `SafeFP4` in the
+    # generated files; the generator lists 116 configurations per GEMM (0.6.14: 28).
+    Generation("0.7.2.post1, 0.7.4", "kernels::CutlassMoeFCRunner<__nv_bfloat16, kernels::Fp4Type>", "Fp4Type",
+               "sm90_generic_mixed_moe_gemm_kernelLauncher<__nv_bfloat16, SafeFP4,"),
+)  # fmt: skip
+"""The generations the subset knows, each checked against the sources of the releases it names
+(``suites/jitbuild/test_flashinfer_subset.py``). A release whose sources match none is refused
+with the reason (``BuildError``), never built from a guess."""
+
+
+def binding_edits(gen: Generation) -> tuple[Edit, Edit]:
+    """The runner selection of FusedMoeRunner's constructor, cut to WFP4A16 with bf16 activations."""
+    return (
+        Edit(
+            BINDING,
+            "    if (mActivationDtype == dl_float16 && mWeightDtype == dl_float16) {",
+            "#if 0  // mxmoe subset: only the bf16 x MXFP4 runner is built (see below)\n"
+            "    if (mActivationDtype == dl_float16 && mWeightDtype == dl_float16) {",
+        ),
+        Edit(
+            BINDING,
+            "    if (!mKernelRunner) {",
+            "#endif  // mxmoe subset\n"
+            "    if (isWFP4A16Quant() && mActivationDtype == dl_bfloat16) {\n"
+            "      mInnerDimMultiplier = 2;\n"
+            f"      mKernelRunner = std::make_shared<{gen.runner}>();\n"
+            "    }\n"
+            "    if (!mKernelRunner) {",
+        ),
+    )
+
+
+def instantiation(gen: Generation) -> str:
+    """The one CutlassMoeFCRunner of FlashInfer's instantiation file that the bf16 x MXFP4 path
+    constructs, and the bf16 finalize."""
+    return f"""\
 // Written by mxmoe's harness/upstream/flashinfer_sm90.py: the one CutlassMoeFCRunner of FlashInfer's
 // cutlass_fused_moe_instantiation.cu that the bf16 x MXFP4 path constructs (that file has them all).
 #include "cutlass_fused_moe_kernels.cuh"
 #include "moe_kernels.h"
 
-namespace tensorrt_llm::kernels::cutlass_kernels {
-template class CutlassMoeFCRunner<__nv_bfloat16, __nv_fp4_e2m1>;
+namespace tensorrt_llm::kernels::cutlass_kernels {{
+template class CutlassMoeFCRunner<__nv_bfloat16, {gen.weight}>;
 INSTANTIATE_FINALIZE_MOE_ROUTING(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16);
-}  // namespace tensorrt_llm::kernels::cutlass_kernels
+}}  // namespace tensorrt_llm::kernels::cutlass_kernels
 """
+
+
+def generation_of(version: str, binding: str, generated: list[str]) -> Generation:
+    """The generation whose runner the binding constructs and whose launcher a generated file
+    instantiates; BuildError naming the release and what was looked for where none matches."""
+    for gen in GENERATIONS:
+        if gen.runner in binding and any(gen.launcher in text for text in generated):
+            return gen
+    looked = "; ".join(
+        f"{g.read_in}: runner {g.runner} in the binding ({'found' if g.runner in binding else 'absent'}), "
+        f"{g.launcher}...> in a generated file ({sum(g.launcher in t for t in generated)} of {len(generated)})"
+        for g in GENERATIONS
+    )
+    raise BuildError(f"flashinfer {version}'s fused_moe_90 sources match none of the subset's generations ({looked})")
+
 
 LEFT_OUT_NAMESPACES = ("tensorrt_llm::", "cutlass::", "cutlass_kernels")
 """An undefined symbol naming one of these is a part of FlashInfer's module the subset left out."""
@@ -139,13 +193,13 @@ def _in_root(root: Path) -> Iterator[None]:
         jit_env.FLASHINFER_JIT_DIR, jit_env.FLASHINFER_GEN_SRC_DIR = saved
 
 
-def _spec_class() -> type:
-    """FlashInfer's JitSpec, with its folders moved into ``root`` (FlashInfer keeps them in its
+def _spec_class(base: type) -> type:
+    """FlashInfer's own spec class (``base``: JitSpec in 0.6, its nvcc subclass JitSpecNvcc in 0.7,
+    where JitSpec is abstract), with its folders moved into ``root`` (FlashInfer keeps them in its
     workspace by name; the subset's live in the project's cache)."""
-    from flashinfer.jit.core import JitSpec
 
     @dataclass
-    class SubsetSpec(JitSpec):
+    class SubsetSpec(base):
         root: Path = Path()
 
         @property
@@ -185,6 +239,7 @@ class Subset:
     kept_sources: int
     generated_full: int
     generated_kept: int
+    generation: Generation
 
 
 def subset_spec(root: Path | None = None) -> Subset:
@@ -198,54 +253,61 @@ def subset_spec(root: Path | None = None) -> Subset:
     root = root or build_root()
     with _in_root(root):
         full = gen_cutlass_fused_moe_sm90_module()
+    binding_src = jit_env.FLASHINFER_CSRC_DIR / BINDING
+    if not binding_src.is_file():
+        raise BuildError(f"flashinfer {__version__} has no {BINDING}: the subset edits that binding")
+    generated = [s for s in full.sources if s.name.endswith(".generated.cu")]
+    texts = {s: s.read_text() for s in generated}
+    gen = generation_of(__version__, binding_src.read_text(), list(texts.values()))
+    edits = binding_edits(gen)
+    text = binding_src.read_text()
+    for edit in edits:
+        try:
+            text = replace_line(text, edit, f"the fused_moe_90 subset (flashinfer {__version__})")
+        except PatchError as exc:
+            raise BuildError(str(exc)) from None
     src_dir = root / "src"
     src_dir.mkdir(parents=True, exist_ok=True)
-    binding_src = jit_env.FLASHINFER_CSRC_DIR / BINDING
-    text = binding_src.read_text()
-    for edit in BINDING_EDITS:
-        text = replace_line(text, edit, f"the fused_moe_90 subset (flashinfer {__version__})")
     binding = src_dir / binding_src.name
-    instantiation = src_dir / "mxmoe_cutlass_fused_moe_instantiation.cu"
-    for path, content in ((binding, text), (instantiation, INSTANTIATION)):
+    instantiation_src = src_dir / "mxmoe_cutlass_fused_moe_instantiation.cu"
+    for path, content in ((binding, text), (instantiation_src, instantiation(gen))):
         if not path.is_file() or path.read_text() != content:  # unchanged sources keep their objects
             path.write_text(content)
 
     sources: list[Path] = []
-    generated_full = generated_kept = 0
     for s in full.sources:
         if s.name == binding_src.name:
             sources.append(binding)
         elif s.name == INSTANTIATION_FILE:
-            sources.append(instantiation)
+            sources.append(instantiation_src)
         elif s.name.startswith(GEMM_PREFIX) and s.name != KEPT_GEMM:
             continue
-        elif s.name.endswith(".generated.cu"):
-            generated_full += 1
-            if MIXED_LAUNCHER in s.read_text():
-                generated_kept += 1
+        elif s in texts:
+            if gen.launcher in texts[s]:
                 sources.append(s)
         else:
             sources.append(s)
-    if generated_kept == 0 or binding not in sources or instantiation not in sources:
-        raise BuildError(
-            f"flashinfer {__version__}'s fused_moe_90 spec no longer has the parts the subset is made of "
-            f"({generated_kept} generated files instantiate {MIXED_LAUNCHER}...>; binding kept: {binding in sources}; "
-            f"{INSTANTIATION_FILE} replaced: {instantiation in sources})"
-        )
+    names = {s.name for s in sources}
+    missing = [n for n in (binding.name, instantiation_src.name, KEPT_GEMM) if n not in names]
+    if missing:
+        raise BuildError(f"flashinfer {__version__}'s fused_moe_90 spec no longer has the parts the subset is made of "
+                         f"(missing: {', '.join(missing)}; {INSTANTIATION_FILE} replaced: "
+                         f"{instantiation_src in sources})")  # fmt: skip
+    generated_kept = sum(s in texts for s in sources)
     include = [*(full.extra_include_dirs or []), binding_src.parent]  # the copies' "cutlass_fused_moe_kernels.cuh"
     recipe = hashlib.sha256(
         json.dumps(
             {
                 "flashinfer": __version__,
                 "sources": sorted(s.name for s in sources),
-                "edits": [e.new for e in BINDING_EDITS],
-                "instantiation": INSTANTIATION,
+                "edits": [e.new for e in edits],
+                "instantiation": instantiation(gen),
                 "cuda_cflags": [f for f in full.extra_cuda_cflags or [] if not f.startswith("-I")],
             },
             sort_keys=True,
         ).encode()
     ).hexdigest()[:16]
-    spec = _spec_class()(
+    spec = _spec_class(type(full))(
         name=SUBSET_NAME,
         sources=sources,
         extra_cflags=full.extra_cflags,
@@ -255,7 +317,7 @@ def subset_spec(root: Path | None = None) -> Subset:
         needs_device_linking=full.needs_device_linking,
         root=root,
     )
-    return Subset(spec, recipe, len(full.sources), len(sources), generated_full, generated_kept)
+    return Subset(spec, recipe, len(full.sources), len(sources), len(generated), generated_kept, gen)
 
 
 def undefined_left_out(so: Path) -> list[str] | None:
@@ -270,11 +332,37 @@ def undefined_left_out(so: Path) -> list[str] | None:
 
 def build(jobs: int | None = None, root: Path | None = None) -> dict[str, object]:
     """Build the subset with FlashInfer's ninja generator (``jobs`` parallel compiles; default
-    every core) and check it; the ``build.json`` record. Raises BuildError naming the step."""
+    every core) and check it; the ``build.json`` record. Raises BuildError naming the step, and
+    records it in ``root``'s ``FAILED`` (removed by a build that succeeds)."""
+    from flashinfer import __version__
+
+    root = root or build_root()
+    failed = root / FAILED
+    try:
+        record = _build(jobs, root)
+    except BuildError as exc:
+        root.mkdir(parents=True, exist_ok=True)
+        failed.write_text(json.dumps({"flashinfer": __version__, "reason": str(exc)}, indent=1) + "\n")
+        raise
+    failed.unlink(missing_ok=True)
+    return record
+
+
+def failed_record(root: Path | None = None) -> dict[str, object] | None:
+    """Why the last build for the installed FlashInfer failed (``FAILED``), or None."""
+    from flashinfer import __version__
+
+    path = (root or build_root()) / FAILED
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("flashinfer") == __version__ else None
+
+
+def _build(jobs: int | None, root: Path) -> dict[str, object]:
     from flashinfer import __version__
     from flashinfer.jit.cpp_ext import get_cuda_version, run_ninja
 
-    root = root or build_root()
     t0 = time.monotonic()
     subset = subset_spec(root)
     spec = subset.spec
@@ -307,6 +395,7 @@ def build(jobs: int | None = None, root: Path | None = None) -> dict[str, object
         "module": SUBSET_NAME,
         "flashinfer": __version__,
         "recipe": subset.recipe,
+        "generation": subset.generation.read_in,
         "cuda": str(get_cuda_version()),
         "jobs": jobs,
         "build_seconds": round(seconds, 1),

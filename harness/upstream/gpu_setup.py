@@ -16,6 +16,12 @@ Which steps apply is decided by the architecture: triton_kernels on every GPU; F
 NVIDIA's (its MXFP4 MoE kernels are CUDA only); the SM90 subset on Hopper; vLLM's runtime, its
 source package and the ops build on NVIDIA's, where vLLM itself is not installed (an installed
 vLLM brings its own compiled ops).
+
+The FlashInfer release is the one the vLLM under test pins, or the nearest newer one PyPI has
+(``flashinfer_releases``), or the one ``--flashinfer-version`` names; a release already installed
+stays unless another is named (an installed vLLM may need it). The SM90 subset is built for the
+release that ends up installed, into a folder of its own, so builds of several releases lie side by
+side in the cache and each loads only under its own release.
 """
 
 from __future__ import annotations
@@ -29,14 +35,22 @@ from importlib import metadata
 from pathlib import Path
 
 from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
+from mxmoe.harness.upstream.flashinfer_releases import Resolution, resolve
 
-GPU_FLASHINFER = "0.6.14"
-"""The FlashInfer release the set-up installs where none is: the release the project's SM90
-subset build and its H200 runs are measured with (vLLM 0.26's pin; vLLM 0.33.0 pins 0.7.2.post1,
-whose subset build has not run on hardware yet)."""
-FLASHINFER_PACKAGES = (f"flashinfer-python=={GPU_FLASHINFER}", "apache-tvm-ffi==0.1.10")
-"""FlashInfer without its CUDA dependencies (cudnn-frontend, cutlass-dsl: the MoE kernels the
-adapters call need neither), with the FFI layer it imports."""
+TVM_FFI = {(0, 6): "0.1.10", (0, 7): "0.1.11"}
+"""The FFI layer FlashInfer imports, by release series: the lowest each series accepts (0.7.x
+requires apache-tvm-ffi >= 0.1.11; 0.6.14 is measured with 0.1.10)."""
+
+
+def flashinfer_packages(release: str) -> tuple[str, str]:
+    """flashinfer-python ``release`` without its CUDA dependencies (cudnn-frontend, cutlass-dsl,
+    cuda-python: the MoE kernels the adapters call need none of them), and the FFI layer it imports."""
+    from mxmoe.harness.upstream.flashinfer_releases import version_key
+
+    series = version_key(release)[0][:2]
+    return f"flashinfer-python=={release}", f"apache-tvm-ffi=={TVM_FFI.get(series, TVM_FFI[max(TVM_FFI)])}"
+
+
 FLASHINFER_LIGHT_DEPS = ("einops", "nvidia-ml-py", "click", "requests", "tabulate", "tqdm", "packaging", "ninja")
 """FlashInfer's pure-Python dependencies, installed with the installed torch, triton and numpy
 pinned (``./dev``'s ``keep-installed.txt``)."""
@@ -118,12 +132,36 @@ def _copy(src: Path, dest: Path) -> tuple[str, ...]:
     return (sys.executable, "-c", code, str(src), str(dest))
 
 
-def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path] | None = None) -> list[Step]:
+def flashinfer_step(host: Host, fi: Resolution, pip: tuple[str, ...]) -> tuple[Step, str | None]:
+    """The FlashInfer install, and the release the SM90 subset is then built for (None: none will
+    be installed). An installed release stays unless another one was asked for
+    (``--flashinfer-version``): it may be the one an installed vLLM pins."""
+    backends = ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16")
+    packages = flashinfer_packages(fi.release)
+    why = f" ({fi.note})" if fi.note else f" (vLLM {fi.vllm}'s pin)"
+    replacing = f", replacing the installed {host.flashinfer}" if host.flashinfer else ""
+    what = f"flashinfer-python {fi.release}{why} without its CUDA dependencies{replacing}, torch and triton kept"
+    commands = ((*pip, *FLASHINFER_LIGHT_DEPS, packages[1]), (*pip, "--no-deps", packages[0]))
+    if host.arch not in FLASHINFER_ARCHS:
+        skip = f"FlashInfer's MXFP4 MoE runs on {', '.join(FLASHINFER_ARCHS)}; this host is {host.arch}"
+        return Step("flashinfer", what, backends, commands, skip), None
+    if host.flashinfer == fi.release:
+        return Step("flashinfer", what, backends, commands, f"flashinfer-python {fi.release} is installed"), fi.release
+    if host.flashinfer and not fi.requested:
+        skip = (f"flashinfer-python {host.flashinfer} is installed (vLLM {fi.vllm} would take {fi.release}: "
+                f"`--flashinfer-version {fi.release}` replaces it)")  # fmt: skip
+        return Step("flashinfer", what, backends, commands, skip), host.flashinfer
+    return Step("flashinfer", what, backends, commands), fi.release
+
+
+def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path] | None = None,
+         flashinfer: Resolution | None = None) -> list[Step]:  # fmt: skip
     """The set-up steps for ``host``, in the order they run, each with ``skip`` set where it does
     not run here. ``keep_installed``: a pip constraints file pinning the installed torch and
     triton (``./dev`` writes one), so that no install replaces them. ``offline``: where a bundle
     holds each piece (``bundle.offline_sources``); then nothing is fetched: wheels are installed
-    from the bundle alone and the rest is copied from it into the cache."""
+    from the bundle alone and the rest is copied from it into the cache. ``flashinfer``: the
+    release to install (``flashinfer_releases.choose``; default the one ``NEWEST_VLLM`` pins)."""
     from mxmoe.harness.upstream.fetch import triton_kernels_root
     from mxmoe.harness.upstream.vllm_ops import source_tarball
     from mxmoe.harness.upstream.vllm_runtime import runtime_root
@@ -145,6 +183,9 @@ def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path]
             "vllm-runtime": _copy(offline["vllm-runtime"], runtime_root(NEWEST_VLLM)),
             "vllm-source": _copy(offline["vllm-source"], source_tarball(NEWEST_VLLM)),
         }
+    fi_step, fi_release = flashinfer_step(host, flashinfer or resolve(), pip)
+    subset_same = host.subset and fi_release == host.flashinfer
+    build_for = ("--flashinfer-version", fi_release) if fi_release else ()
     vllm_skip = None if nvidia else f"the project runs vLLM's layer without vLLM on NVIDIA GPUs; this host is {arch}"
     if host.vllm_installed:
         vllm_skip = "vLLM is installed, with its own compiled ops"
@@ -153,18 +194,13 @@ def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path]
              ("triton", "triton-modular", "triton-unfused", "vllm-triton", "vllm-triton-unfused"),
              (fetch["triton-kernels"],),
              "no GPU" if not gpu else "importable already" if host.triton_kernels else None),
-        Step("flashinfer", f"flashinfer-python {GPU_FLASHINFER} without its CUDA dependencies, torch and triton kept",
+        fi_step,
+        Step("flashinfer-sm90-subset", f"the bf16 x MXFP4 subset of FlashInfer {fi_release}'s SM90 MoE module "
+             "(about 4 minutes at 16 cores, once per FlashInfer release)",
              ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
-             ((*pip, *FLASHINFER_LIGHT_DEPS, FLASHINFER_PACKAGES[1]), (*pip, "--no-deps", FLASHINFER_PACKAGES[0])),
-             f"FlashInfer's MXFP4 MoE runs on {', '.join(FLASHINFER_ARCHS)}; this host is {arch}"
-             if arch not in FLASHINFER_ARCHS else f"flashinfer-python {host.flashinfer} is installed"
-             if host.flashinfer else None),
-        Step("flashinfer-sm90-subset", "the bf16 x MXFP4 subset of FlashInfer's SM90 MoE module (about 4 minutes "
-             "at 16 cores, once per FlashInfer release)",
-             ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
-             (_harness("build-flashinfer", "--if-missing"),),
+             (_harness("build-flashinfer", "--if-missing", *build_for),),
              "only Hopper's module is built by the project" if arch != "sm90"
-             else "built already for this FlashInfer" if host.subset else None),
+             else "built already for this FlashInfer" if subset_same else None),
         Step("vllm-runtime", f"vLLM {NEWEST_VLLM}'s carryable runtime (its Python and 26 pinned packages, 25 MiB)",
              ("vllm-triton", "vllm-triton-unfused", "vllm-flashinfer-cutlass-mxfp4-bf16", "marlin"),
              (fetch["vllm-runtime"],),
@@ -233,9 +269,10 @@ def run(steps: list[Step], log: Callable[[str], None] = print,
     return out
 
 
-def cache_key(arch: str) -> str:
+def cache_key(arch: str, flashinfer: str) -> str:
     """What a CI cache of the set-up's builds is keyed by (``setup-gpu --cache-key``): the
-    architecture, the FlashInfer and vLLM releases built for, and the torch, triton, CUDA or ROCm
+    architecture, the FlashInfer release (``flashinfer``: the one the set-up installs and builds for)
+    and the vLLM release built for, and the torch, triton, CUDA or ROCm
     and Python they were built against. A build made against another torch is not reused: its
     compiled ops would load and fail, or not load."""
     import platform
@@ -246,5 +283,5 @@ def cache_key(arch: str) -> str:
     cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
     toolkit = f"cuda{cuda}" if cuda else f"rocm{hip}" if hip else "cpu"
     python = ".".join(platform.python_version_tuple()[:2])
-    return (f"mxmoe-{arch}-flashinfer{GPU_FLASHINFER}-vllm{NEWEST_VLLM}-torch{torch.__version__}-"
+    return (f"mxmoe-{arch}-flashinfer{flashinfer}-vllm{NEWEST_VLLM}-torch{torch.__version__}-"
             f"triton{triton.__version__}-{toolkit}-py{python}")  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 from mxmoe.harness.run.registry import discover
 from mxmoe.harness.upstream import bundle, gpu_setup
 from mxmoe.harness.upstream.fetch import VendorMissing
+from mxmoe.harness.upstream.flashinfer_releases import resolve
 from mxmoe.harness.upstream.gpu_setup import Host, plan, run
 
 FRESH = Host(arch="sm90", flashinfer=None, triton_kernels=False, vllm_installed=False, runtime=False, source=False,
@@ -44,9 +45,10 @@ def test_a_fresh_hopper_host_gets_every_piece_of_every_production_kernel_and_nev
     assert PRODUCTION_SM90 <= ids
     argvs = _argvs(steps)
     assert argvs[0] == "-m harness fetch triton-kernels --vllm-version 0.26.0"
-    assert argvs[2] == ("-m pip install -q -c .cache/keep-installed.txt --no-deps "
-                        f"flashinfer-python=={gpu_setup.GPU_FLASHINFER}")  # fmt: skip
-    assert argvs[3:] == ["-m harness build-flashinfer --if-missing", "-m harness fetch vllm-runtime",
+    release = resolve().release  # the release NEWEST_VLLM pins (or the nearest newer one)
+    assert argvs[2] == f"-m pip install -q -c .cache/keep-installed.txt --no-deps flashinfer-python=={release}"
+    assert argvs[3:] == [f"-m harness build-flashinfer --if-missing --flashinfer-version {release}",
+                         "-m harness fetch vllm-runtime",
                          "-m harness fetch vllm-source", "-m harness build-vllm-ops --arch sm90"]  # fmt: skip
     pip_args = [a for s in steps for argv in s.commands if "pip" in argv for a in argv[argv.index("install") + 1 :]]
     assert not [a for a in pip_args if a.split("=")[0] in ("torch", "triton", "numpy", "pytorch-triton-rocm")]
@@ -54,9 +56,10 @@ def test_a_fresh_hopper_host_gets_every_piece_of_every_production_kernel_and_nev
 
 
 def test_what_a_host_has_is_never_fetched_or_built_again():
-    have = replace(FRESH, flashinfer="0.6.14", triton_kernels=True, runtime=True, source=True, ops=True, subset=True)
+    release = resolve().release
+    have = replace(FRESH, flashinfer=release, triton_kernels=True, runtime=True, source=True, ops=True, subset=True)
     steps = plan(have)
-    assert [s.skip for s in steps] == ["importable already", "flashinfer-python 0.6.14 is installed",
+    assert [s.skip for s in steps] == ["importable already", f"flashinfer-python {release} is installed",
                                        "built already for this FlashInfer", "fetched already",
                                        "the ops are built already",
                                        "built already for this vLLM release and arch"]  # fmt: skip

@@ -113,3 +113,75 @@ def test_a_built_module_stands_in_for_flashinfers_only_for_its_flashinfer(tmp_pa
     record = fs.install(tmp_path)
     assert record is not None and record["flashinfer"] == fi.__version__
     assert core.gen_cutlass_fused_moe_sm90_module().name == fs.SUBSET_NAME
+
+
+def test_each_generation_is_read_from_the_release_and_one_matching_none_is_refused(subset):
+    """The installed release (0.6.14 on CPU hosts) is the first generation; 0.7's spelling is
+    checked on 0.7.4's own sources by suites/packaging/test_flashinfer_cut.py. A release whose
+    binding or generated files spell the path otherwise is refused, naming what was looked for."""
+    assert subset.generation == fs.GENERATIONS[0]
+    assert fs.instantiation(subset.generation).count(f"CutlassMoeFCRunner<__nv_bfloat16, {subset.generation.weight}>")
+    for gen in fs.GENERATIONS:
+        assert fs.generation_of("x", f"      std::make_shared<{gen.runner}>();", [f"{gen.launcher} ..."]) == gen
+    with pytest.raises(fs.BuildError, match=r"flashinfer 9\.9.s fused_moe_90 sources match none .*absent.*\(0 of 1\)"):
+        fs.generation_of("9.9", "make_shared<kernels::CutlassMoeFCRunner<__nv_bfloat16, NewFp4>>", ["<bf16, NewFp4,"])
+
+
+def test_builds_of_several_releases_lie_side_by_side_and_only_the_installed_ones_loads(tmp_path, monkeypatch):
+    from flashinfer.fused_moe import core
+
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path))
+    monkeypatch.setattr(core, "gen_cutlass_fused_moe_sm90_module", core.gen_cutlass_fused_moe_sm90_module)
+    here = fs.build_root()
+    assert here == tmp_path / "flashinfer-jit" / fi.__version__
+    other = here.parent / "0.7.4"
+    _fake_build(other, "0.7.4")
+    assert fs.install() is None  # 0.7.4's build, in its own folder, is not this release's
+    _fake_build(here, fi.__version__)
+    assert fs.install()["flashinfer"] == fi.__version__ and fs.built_record(other) is None
+    # a build.json that names another release, in this release's folder, is not loaded either
+    (fs.module_path().parent / "build.json").write_text(json.dumps({"flashinfer": "0.7.4"}))
+    assert fs.built_record() is None
+
+
+def test_a_release_the_subset_cannot_be_built_for_makes_the_backends_skip_naming_it(tmp_path, monkeypatch):
+    from mxmoe.harness.contract.backend import BackendUnavailable
+    from mxmoe.kernels import flashinfer_common
+
+    monkeypatch.setenv("MXMOE_CACHE", str(tmp_path))
+    monkeypatch.delenv(flashinfer_common.JIT_OPT_IN, raising=False)
+    monkeypatch.setattr(flashinfer_common, "compiled_by_flashinfer", lambda name: False)
+
+    def refused(*args, **kwargs):
+        raise fs.BuildError("flashinfer 0.6.14's fused_moe_90 sources match none of the subset's generations (...)")
+
+    monkeypatch.setattr(fs, "_build", refused)
+    with pytest.raises(fs.BuildError):
+        fs.build()
+    assert fs.failed_record()["flashinfer"] == fi.__version__
+    with pytest.raises(BackendUnavailable) as exc:
+        flashinfer_common.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
+    said = str(exc.value)
+    assert said.startswith(f"flashinfer-cutlass-mxfp4-bf16: the project's bf16 x MXFP4 subset of FlashInfer "
+                           f"{fi.__version__}'s fused_moe_90 could not be built: flashinfer 0.6.14's fused_moe_90 "
+                           "sources match none")  # fmt: skip
+    # a build that succeeds clears the record
+    monkeypatch.setattr(fs, "_build", lambda jobs, root: {"flashinfer": fi.__version__})
+    fs.build()
+    assert fs.failed_record() is None
+
+
+def test_a_flashinfer_imported_from_elsewhere_than_the_installed_release_is_refused(monkeypatch):
+    from mxmoe.harness.contract.backend import BackendUnavailable
+    from mxmoe.kernels import flashinfer_common
+
+    monkeypatch.setattr(fi, "__version__", "0.7.4")
+    with pytest.raises(BackendUnavailable, match=r"the imported flashinfer is 0\.7\.4 but flashinfer-python .* is "):
+        flashinfer_common.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
+
+
+def test_the_build_string_names_the_flashinfer_release_first():
+    from mxmoe.kernels.flashinfer_common import subset_build
+
+    record = {"flashinfer": "0.7.4", "module": fs.SUBSET_NAME, "recipe": "0123456789abcdef", "cuda": "13.0"}
+    assert subset_build(record).startswith("flashinfer-python 0.7.4, SM90 subset built by the project (")
