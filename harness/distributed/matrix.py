@@ -66,6 +66,18 @@ class Job:
     kind: str  # "suite" or "dist"
     gpus: int
     commands: tuple[str, ...]
+    flashinfer: str = ""
+    """The FlashInfer release the job sets up, where not the one the vLLM under test pins (empty)."""
+
+    @property
+    def setup(self) -> str:
+        """Its ``setup-gpu`` command (``SETUP_GPU``, for its release)."""
+        return SETUP_GPU + (f" --flashinfer-version {self.flashinfer}" if self.flashinfer else "")
+
+    @property
+    def cache_key(self) -> str:
+        """The command that prints its builds' cache key (``CACHE_KEY``, for its release)."""
+        return CACHE_KEY + (f" --flashinfer-version {self.flashinfer}" if self.flashinfer else "")
 
     @property
     def results(self) -> str:
@@ -76,6 +88,16 @@ def _declared() -> dict[str, tuple[str, ...]]:
     from mxmoe.harness.run.registry import discover, select
 
     return {i.backend.declaration.id: tuple(i.backend.declaration.archs) for i in select(discover())}
+
+
+def flashinfer_releases() -> tuple[str, ...]:
+    """The FlashInfer group's releases besides the vLLM pin's (which every job sets up by default,
+    named by no release): the newest PyPI has, where that is another. A user of vLLM runs its pin;
+    one who installs FlashInfer alone gets the newest."""
+    from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES, resolve
+
+    newest = INDEX_RELEASES[-1]
+    return ("",) if newest == resolve().release else ("", newest)
 
 
 def jobs(declared: dict[str, tuple[str, ...]] | None = None) -> list[Job]:
@@ -89,12 +111,13 @@ def jobs(declared: dict[str, tuple[str, ...]] | None = None) -> list[Job]:
             if not ids:
                 continue
             k = SHARDS.get(group, 1)
-            for i in range(k):
-                jid = f"{arch}-{group}-{i + 1}of{k}"
-                selection = " ".join(f"--backend {b}" for b in ids)
-                cmd = (f"./dev py -m pytest suites/engine/test_differential.py --profile nightly -n auto -k {arch} "
-                       f"{selection} --tactics all --shard {i}/{k} --results results/{jid}")  # fmt: skip
-                out.append(Job(jid, arch, "suite", RUNNER_GPUS, (cmd,)))
+            for release in flashinfer_releases() if group == "flashinfer" else ("",):
+                for i in range(k):
+                    jid = f"{arch}-{group}{release.replace('.', '_')}-{i + 1}of{k}"  # a Buildkite key has no dots
+                    selection = " ".join(f"--backend {b}" for b in ids)
+                    cmd = (f"./dev py -m pytest suites/engine/test_differential.py --profile nightly -n auto -k {arch} "
+                           f"{selection} --tactics all --shard {i}/{k} --results results/{jid}")  # fmt: skip
+                    out.append(Job(jid, arch, "suite", RUNNER_GPUS, (cmd,), release))
         backends = [b for b in DIST_BACKENDS if arch in declared.get(b, ())]
         if not backends:
             continue
@@ -116,9 +139,13 @@ log and the job goes on: the backends it served SKIP, saying what is missing."""
 CACHE_KEY = "./dev py -m harness setup-gpu --cache-key"
 """What the builds' cache is keyed by: the releases built, and the torch, triton, CUDA or ROCm and
 Python built against (``gpu_setup.cache_key``)."""
-BUILDKITE_CACHE = 'export MXMOE_CACHE="$${MXMOE_BUILDS:-$$HOME/.cache/mxmoe-builds}/$$(' + CACHE_KEY + ')"'
-"""On a Buildkite agent the builds live outside the checkout (which the agent cleans), in a folder
-per cache key under ``$MXMOE_BUILDS`` (``$$`` is Buildkite's escape for a shell's ``$``)."""
+
+
+def buildkite_cache(job: Job) -> str:
+    """On a Buildkite agent the builds live outside the checkout (which the agent cleans), in a folder
+    per cache key under ``$MXMOE_BUILDS`` (``$$`` is Buildkite's escape for a shell's ``$``)."""
+    return 'export MXMOE_CACHE="$${MXMOE_BUILDS:-$$HOME/.cache/mxmoe-builds}/$$(' + job.cache_key + ')"'
+
 
 REPORT = ("./dev py -m harness report results --out report --policy kernels-only",)
 """The merge job gates kernels only (its jobs run kernel suites and sharded checks): the policy named
@@ -129,8 +156,9 @@ def github(all_jobs: list[Job]) -> str:
     """The GitHub Actions workflow (YAML)."""
     import yaml
 
-    include = [{"id": j.id, "runs-on": ["self-hosted", "linux", j.arch, f"gpus-{j.gpus}"],
-                "command": " && ".join(j.commands), "results": j.results} for j in all_jobs]  # fmt: skip
+    include = [{"id": j.id, "runs-on": ["self-hosted", "linux", j.arch, f"gpus-{j.gpus}"], "setup": j.setup,
+                "key": j.cache_key, "command": " && ".join(j.commands), "results": j.results}
+               for j in all_jobs]  # fmt: skip
     workflow = {
         "name": "nightly",
         "on": {"schedule": [{"cron": "0 2 * * *"}], "workflow_dispatch": {}},
@@ -145,10 +173,10 @@ def github(all_jobs: list[Job]) -> str:
                     {"uses": "actions/checkout@v4"},
                     {"name": "set up (keeps the runner's CUDA or ROCm torch)", "run": "./dev setup"},
                     {"name": "the builds' cache key", "id": "key",
-                     "run": f'echo "key=$({CACHE_KEY})" >> "$GITHUB_OUTPUT"'},
+                     "run": 'echo "key=$(${{ matrix.key }})" >> "$GITHUB_OUTPUT"'},
                     {"name": "the builds of earlier nights", "uses": "actions/cache@v4",
                      "with": {"path": ".cache", "key": "${{ steps.key.outputs.key }}"}},
-                    {"name": "set up the production kernels (what the cache lacks)", "run": SETUP_GPU,
+                    {"name": "set up the production kernels (what the cache lacks)", "run": "${{ matrix.setup }}",
                      "continue-on-error": True},
                     {"name": "run", "run": "${{ matrix.command }}"},
                     {"name": "keep the results", "if": "always()", "uses": "actions/upload-artifact@v4",
@@ -180,7 +208,7 @@ def buildkite(all_jobs: list[Job]) -> str:
 
     steps: list[dict] = [
         {"label": f"{j.id}", "key": j.id,
-         "command": ["./dev setup", BUILDKITE_CACHE, f"{SETUP_GPU} || echo 'setup-gpu failed: its backends SKIP'",
+         "command": ["./dev setup", buildkite_cache(j), f"{j.setup} || echo 'setup-gpu failed: its backends SKIP'",
                      *j.commands],
          "agents": {"queue": "gpu", "arch": j.arch, "gpus": str(j.gpus)},
          "artifact_paths": [f"{j.results}/**/*"], "timeout_in_minutes": 360}

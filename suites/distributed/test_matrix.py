@@ -86,11 +86,12 @@ def test_every_gpu_job_sets_up_what_it_judges_with_builds_kept_by_release_torch_
     import yaml
 
     from mxmoe.harness.distributed.matrix import CACHE_KEY, SETUP_GPU
+    from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES
 
     gh = yaml.safe_load(FILES["github"][0].read_text())["jobs"]["gpu"]["steps"]
     names = [s.get("uses") or s.get("run") for s in gh]
     key, cache, setup = (next(i for i, n in enumerate(names) if want in n)
-                         for want in (CACHE_KEY, "actions/cache", SETUP_GPU))  # fmt: skip
+                         for want in ("matrix.key", "actions/cache", "matrix.setup"))  # fmt: skip
     assert names.index("./dev setup") < key < cache < setup < names.index("${{ matrix.command }}"), names
     assert gh[cache]["with"] == {"path": ".cache", "key": "${{ steps.key.outputs.key }}"}
     bk = yaml.safe_load(FILES["buildkite"][0].read_text())["steps"]
@@ -98,6 +99,16 @@ def test_every_gpu_job_sets_up_what_it_judges_with_builds_kept_by_release_torch_
         cmds = step["command"]
         assert cmds[0] == "./dev setup" and CACHE_KEY in cmds[1] and "MXMOE_CACHE" in cmds[1], cmds
         assert cmds[2].startswith(SETUP_GPU), cmds
+    # each job sets up its own FlashInfer release: the pin's by default, the newest in jobs of its own
+    include = {j["id"]: j for j in yaml.safe_load(FILES["github"][0].read_text())["jobs"]["gpu"]["strategy"]["matrix"]
+               ["include"]}  # fmt: skip
+    newest = INDEX_RELEASES[-1]
+    assert include["sm90-flashinfer-1of4"]["setup"] == SETUP_GPU and include["sm90-flashinfer-1of4"]["key"] == CACHE_KEY
+    tag = newest.replace(".", "_")
+    job = include[f"sm90-flashinfer{tag}-1of4"]
+    assert job["setup"] == f"{SETUP_GPU} --flashinfer-version {newest}", job
+    assert job["key"] == f"{CACHE_KEY} --flashinfer-version {newest}", job
+    assert f"--results results/sm90-flashinfer{tag}-1of4" in job["command"]
 
 
 def test_the_cache_key_names_the_releases_and_what_they_were_built_against():
