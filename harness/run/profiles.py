@@ -132,9 +132,16 @@ def profile_cases(profile: str) -> list[Case]:
     return list(unique.values())
 
 
+RACE_CASES = ("manyexperts-interleaved-t8192",)
+"""Cases where grouped GEMMs race, judged beside the production shapes: 256 experts of 4096 x 256
+at 8192 tokens, so that a persistent CTA switches expert every few tiles (FlashInfer #5438's
+reproducer; its SM90 kernel corrupted 56,881 elements of one call there, on an H100)."""
+
+
 def production_cases() -> list[Case]:
     """The production shapes: the nightly profile's gpt-oss cases (gpt-oss-20b and -120b from
     decode batches to long prefill, both GPT-OSS routing paths, tile breaks, adversarial routings,
-    trained-size biases, TP and EP shards). A GPU sign-off judges every production kernel on them
-    (``check --production-shapes``)."""
-    return [c for c in profile_cases("nightly") if c.model.startswith("gptoss")]
+    trained-size biases, TP and EP shards), and the cases where races live (``RACE_CASES``). A GPU
+    sign-off judges every production kernel on them (``check --production-shapes``), and hunts
+    races in them."""
+    return [c for c in profile_cases("nightly") if c.model.startswith("gptoss") or c.id in RACE_CASES]

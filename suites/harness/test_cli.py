@@ -272,19 +272,19 @@ def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(
     and the nightly gpt-oss cases for the production kernels only, a test id shared by both once.
     On another arch every test is a SKIP decided without a worker."""
     from mxmoe.harness.cli.app import main
-    from mxmoe.harness.run.profiles import production_cases, profile_cases
+    from mxmoe.harness.run.profiles import RACE_CASES, production_cases, profile_cases
 
     main(["check", "--arch", OTHER_ARCH, "--production-shapes", "--backend", "triton", "--backend", "emulation",
           "--results", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
-    assert "(2 backends x profile pr, and 1 production kernels x 92 production shapes)" in out
+    assert "(2 backends x profile pr, and 1 production kernels x 93 production shapes)" in out
     records = read_results(tmp_path)
     ids = [r["test_id"] for r in records]
     assert len(ids) == len(set(ids))
     by = {b: {r["case_id"] for r in records if r["backend"] == b} for b in ("triton", "emulation")}
     pr = {c.id for c in profile_cases("pr")}
     production = {c.id for c in production_cases()}
-    assert len(production) == 92 and all("gptoss" in c for c in production)
+    assert len(production) == 93 and production - {c for c in production if "gptoss" in c} == set(RACE_CASES)
     assert by["emulation"] == pr and by["triton"] == pr | production
     assert len(pr & production) == 1  # gpt-oss-20b at T=1: once
 
