@@ -143,13 +143,14 @@ def _set_environment(arch: str) -> None:
 
 IMPORT_ONLY_STUBS = {
     "xgrammar": (
-        "structured outputs' grammar library (native): vLLM 0.33.0 imports it at module level on the oracle's "
-        "import path (fused_moe -> _aiter_ops -> ... -> v1.request -> v1.structured_output -> "
+        "structured outputs' grammar library (native): vLLM 0.33.0 and 0.34.0 import it at module level on the "
+        "oracle's import path (fused_moe -> _aiter_ops -> ... -> v1.request -> v1.structured_output -> "
         "parser.abstract_parser); the oracle never calls it"
     ),
     "llguidance": (
-        "structured outputs' other grammar library (native): 0.33.0's v1/structured_output/backend_guidance.py "
-        "reads llguidance.LLMatcher in a dataclass annotation at import, on the same path"
+        "structured outputs' other grammar library (native): 0.33.0's and 0.34.0's "
+        "v1/structured_output/backend_guidance.py reads llguidance.LLMatcher in a dataclass annotation at import, "
+        "on the same path"
     ),
 }
 """Packages vLLM imports on the oracle's way but never calls there: where one is not installed, its

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mxmoe.harness.audits.mutation.patched import VENDORS, PatchError, apply, vendor
-from mxmoe.harness.upstream.fetch import VendorMissing
+from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
 from mxmoe.harness.upstream.patches import (
     AITER_PATCHES,
     FLASHINFER_PATCHES,
@@ -112,13 +112,13 @@ def _each_edit_changes_its_line_alone(pkg, patches) -> None:
             assert changed == [(e.old, e.new)], p.slug
 
 
-VLLM_TESTED = "0.33.0"
-"""The vLLM release VLLM_PATCHES are written against."""
+VLLM_TESTED = NEWEST_VLLM
+"""The vLLM release VLLM_PATCHES are written against: the one the runtime carries by default."""
 
 
 def test_every_vllm_patch_applies_to_the_release_it_is_written_for():
-    """Each edit's old line occurs exactly once in vLLM 0.33.0's own sources (``fetch vllm
-    --vllm-version 0.33.0``, the drift check's copy), whatever the runtime at hand is."""
+    """Each edit's old line occurs exactly once in vLLM 0.34.0's own sources (``fetch vllm
+    --vllm-version 0.34.0``, the drift check's copy), whatever the runtime at hand is."""
     from mxmoe.harness.upstream.vllm_drift import vllm_root
 
     pkg = vllm_root(VLLM_TESTED) / "vllm"
