@@ -767,3 +767,38 @@ def test_triton_unfused_cross_tool_layouts() -> None:
     assert torch.equal(adapter.view(torch.int16), vllm_rows.view(torch.int16))
     oracle = tool["oracle_order"](interleaved, tool["VLLM_LAYOUT"]).float()
     assert torch.allclose(oracle, adapter.float(), rtol=2**-7, atol=2**-20)
+
+
+@pytest.mark.parametrize("asked", [None, "0.33.0"])
+def test_the_vllm_driver_boots_the_driven_release_and_its_build_names_it(asked, monkeypatch):
+    """``load`` boots ``driven_release()`` (NEWEST_VLLM, or $MXMOE_VLLM_VERSION) and every result's
+    build names the vLLM release that was imported and the release whose sources the ops were built
+    from: a verdict is never read as another release's."""
+    from mxmoe.harness.upstream import vllm_runtime
+    from mxmoe.harness.upstream.fetch import PREVIOUS_VLLM
+
+    if asked is None:
+        monkeypatch.delenv("MXMOE_VLLM_VERSION", raising=False)
+    else:
+        monkeypatch.setenv("MXMOE_VLLM_VERSION", asked)
+    want = asked or NEWEST_VLLM
+    assert vllm_runtime.driven_release() == want and PREVIOUS_VLLM == "0.33.0"
+    booted = []
+    ops = {"hash": "69c99985f5281723", "recipe": {"vllm": want, "ops": ["_C::gptq_marlin_repack"], "torch": "2.11.0",
+                                                  "nvcc": "13.0"}}  # fmt: skip
+
+    def boot(version, arch):
+        booted.append((version, arch))
+        return {"vllm": version, "source": f"runtime .cache/vllm-runtime-{version}-py3.12", "stubs": [], "ops": ops}
+
+    monkeypatch.setattr(vllm_runtime, "boot", boot)
+    monkeypatch.setattr("mxmoe.harness.contract.platforms.host_arch", lambda: "sm90")
+    monkeypatch.setattr(VendorKernel, "load", lambda self: None)  # the vendor import: no vLLM here
+    cls = next(i.backend for i in LOADED if i.backend.declaration.id == "marlin").__class__
+    driver = cls()
+    driver.load()
+    assert booted == [(want, "sm90")]
+    assert driver.provenance() == (
+        f"vllm {want} (runtime .cache/vllm-runtime-{want}-py3.12); compiled ops from the project's build "
+        f"69c99985f5281723 of vLLM {want}'s sources (_C::gptq_marlin_repack; torch 2.11.0, CUDA 13.0)"
+    )
