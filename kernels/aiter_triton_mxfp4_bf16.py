@@ -52,8 +52,8 @@ class AiterTritonMxfp4Bf16(AiterTritonBase):
         description="AITER Triton moe_gemm_a16w4",
         quant="w4a16",
         activations=("silu", "swigluoai"),
-        # vLLM 0.33.0 also takes DeepSeekV3 here (AiterW4A16ExpertsMonolithic._supports_routing_method: sigmoid
-        # scores with the correction bias); the adapter's routing is aiter's softmax routing only.
+        # vLLM 0.33.0 and 0.34.0 also take DeepSeekV3 here (AiterW4A16ExpertsMonolithic._supports_routing_method:
+        # sigmoid scores with the correction bias); the adapter's routing is aiter's softmax routing only.
         routing_methods=("Renormalize", "RenormalizeNaive"),
         w13_layout="interleaved",
         hidden_align=256,

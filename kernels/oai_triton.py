@@ -11,7 +11,7 @@ Kernel: ``triton_kernels.matmul_ogs`` (v3.5.1, the copy vLLM 0.26 vendors and ru
   ``split_k`` = 1, and the scale groups padded to a multiple of 4 (vLLM's patch for triton-lang
   #47303: with H/32 = 90, gpt-oss's, the kernel read scales out of bounds); on Blackwell its
   default layouts, persistent; on CDNA4 (gfx950, TP <= 2) the CDNA4 scale layout, else strided;
-* on SM12x (sm120, consumer Blackwell), what vLLM 0.33.0 does there and only there (0.26.0 does
+* on SM12x (sm120, consumer Blackwell), what vLLM 0.34.0 does there and only there (0.26.0 does
   not run these kernels on SM12x): the weights as on SM10x (triton_kernels' default layouts,
   which are the Blackwell ones at capability >= 10, and ``is_persistent`` with
   ``epilogue_subtile`` = 1: ``mxfp4_utils._swizzle_mxfp4``'s SM10x/SM12x branch), and before
@@ -20,7 +20,7 @@ Kernel: ``triton_kernels.matmul_ogs`` (v3.5.1, the copy vLLM 0.26 vendors and ru
   99 KB of shared memory. Which settings apply is chosen from the host's arch at run time
   (``swizzle_constraints``, ``call_constraints``): on sm90, sm100 and ROCm nothing changed.
   **sm120 has not been run on hardware** (no SM12x GPU was available): the settings are checked
-  on a CPU against vLLM 0.33.0's own functions (suites/kernels/test_vendor_adapters.py), not the
+  on a CPU against vLLM 0.34.0's own functions (suites/kernels/test_vendor_adapters.py), not the
   kernels' results;
 * GEMM1 with ``FusedActivation(swiglu, (alpha, limit), 2)``: triton_kernels' swiglu computes
   ``s * (up + 1)``, so beta is fixed at 1; GEMM2 scatters with the routing weights as ``gammas``
@@ -60,7 +60,7 @@ from mxmoe.reference.moe import Precision, round_to
 from mxmoe.reference.routing import ROUTING_METHODS
 
 OAI_TRITON_ARCHS = ("sm90", "sm100", "sm120", "gfx942", "gfx950")
-"""Where vLLM 0.33.0 runs the OpenAI Triton kernels and these adapters follow it
+"""Where vLLM 0.34.0 runs the OpenAI Triton kernels and these adapters follow it
 (``_triton_kernel_moe_supports_current_device``: CUDA 9.0 <= capability < 13.0, ROCm gfx9). sm120
 follows vLLM's code only: it has not been run on hardware."""
 _BLOCK_M_ARCHS = tuple(a for a in OAI_TRITON_ARCHS if a != "sm120")
@@ -80,7 +80,7 @@ forced through ``update_opt_flags_constraints`` (``OaiTritonBase.constrained``).
 these layouts, measured on an H200) and block_k (picked from K and the dtypes alone, one value per
 layer here)."""
 SM12X_MAX_BLOCK_M = 32
-"""vLLM 0.33.0's ``_SM12X_MAX_BLOCK_M`` (``gpt_oss_triton_kernels_moe``): with block_m >= 64 the
+"""vLLM 0.34.0's ``_SM12X_MAX_BLOCK_M`` (``gpt_oss_triton_kernels_moe``): with block_m >= 64 the
 persistent MXFP4 kernel fits one pipeline stage in SM12x's 99 KB of shared memory."""
 HOPPER_MIN_N = 129
 """Found on the H200 (triton 3.6.0, triton_kernels v3.5.1): vLLM builds the Hopper scale layout
@@ -96,7 +96,7 @@ def is_sm12x(arch: str) -> bool:
 
 
 def swizzle_constraints(arch: str) -> dict[str, Any]:
-    """The opt-flag constraints vLLM 0.33.0's ``mxfp4_utils._swizzle_mxfp4`` sets on ``arch`` with
+    """The opt-flag constraints vLLM 0.34.0's ``mxfp4_utils._swizzle_mxfp4`` sets on ``arch`` with
     each weight's layout conversion: ``split_k`` = 1 on Hopper (capability 9.0), the persistent
     kernel with ``epilogue_subtile`` = 1 on SM10x and SM12x (``is_device_capability_family(100)``
     or ``(120)``), none elsewhere (ROCm)."""
@@ -113,14 +113,14 @@ def _next_power_of_2(n: int) -> int:
 
 
 def sm12x_block_m(rows: int, experts: int) -> int:
-    """vLLM 0.33.0's ``_sm12x_block_m``: triton_kernels' tokens-per-expert block_m heuristic (at
+    """vLLM 0.34.0's ``_sm12x_block_m``: triton_kernels' tokens-per-expert block_m heuristic (at
     least 16), capped at SM12X_MAX_BLOCK_M; ``rows`` is tokens x top-k, ``experts`` the local ones."""
     tokens_per_expt = max(1, rows // experts)
     return max(16, min(_next_power_of_2(tokens_per_expt), SM12X_MAX_BLOCK_M))
 
 
 def call_constraints(arch: str, rows: int, experts: int) -> dict[str, Any]:
-    """The opt-flag constraints vLLM 0.33.0 sets before a forward's matmuls on ``arch``
+    """The opt-flag constraints vLLM 0.34.0 sets before a forward's matmuls on ``arch``
     (``_constrain_sm12x_block_m(M * topk, E)``, in ``triton_kernel_fused_experts`` and
     ``UnfusedOAITritonExperts.apply``): ``block_m`` on SM12x, nothing elsewhere."""
     return {"block_m": sm12x_block_m(rows, experts)} if is_sm12x(arch) else {}
@@ -345,7 +345,7 @@ def _triton_declaration(
 ) -> Declaration:
     return Declaration(
         id=ident,
-        # sm120 with the settings vLLM 0.33.0 gives SM12x only (swizzle_constraints, call_constraints):
+        # sm120 with the settings vLLM 0.34.0 gives SM12x only (swizzle_constraints, call_constraints):
         # from vLLM's code, not run on hardware.
         archs=OAI_TRITON_ARCHS,
         description=description,

@@ -16,7 +16,7 @@ GEMMs are the same, only which columns the activation pairs differs), the hidden
 and the intermediate padded to 64, float32 biases, blocks and scales as [E, K, N] views, then
 triton_kernels' layout conversion (``kernels.oai_triton``).
 
-Architectures and their settings are TRITON's (``kernels.oai_triton``), vLLM 0.33.0's, SM12x's
+Architectures and their settings are TRITON's (``kernels.oai_triton``), vLLM 0.34.0's, SM12x's
 block_m pin included (``UnfusedOAITritonExperts.apply`` calls ``_constrain_sm12x_block_m`` before
 GEMM1). **sm120 has not been run on hardware**: it follows vLLM's code only.
 """
@@ -39,7 +39,7 @@ def unfused_activation(gemm1: torch.Tensor, case: Case, layout: str) -> torch.Te
     ``silu_and_mul``, vLLM CUDA ops, not callable without vLLM) in torch: float32 from the bf16
     GEMM1 output, rounded to bfloat16.
 
-    swigluoai in vLLM 0.33.0's operation order (``csrc/activation_kernels.cu``: ``(u + 1) * g / (1 +
+    swigluoai in vLLM 0.34.0's operation order (``csrc/activation_kernels.cu``: ``(u + 1) * g / (1 +
     expf(-g * alpha))``, one product and one division), not the oracle's ``g * sigmoid(alpha g) *
     (u + 1)``: the two differ in the last bit of about a third of the float32 activations, and
     vLLM's layer over the same GEMMs differed from this adapter in 6 to 20 of 11.8 M outputs at

@@ -21,12 +21,13 @@ Where vLLM is not installed (a GPU machine with no network, say), the driver boo
 carryable vLLM runtime (``harness.upstream.vllm_runtime``: ``python -m harness fetch
 vllm-runtime``) and loads the project's build of the few compiled ops vLLM's layer calls
 (``harness.upstream.vllm_ops``: ``python -m harness build-vllm-ops``); every result's build names
-the vLLM release, where it came from and the ops build. vLLM 0.33.0 is the release driven by
-default; ``MXMOE_VLLM_VERSION`` picks another fetched runtime (0.26.0's layer object is the same).
+the vLLM release, where it came from and the ops build. vLLM 0.34.0 (NEWEST_VLLM) is the release
+driven by default; ``MXMOE_VLLM_VERSION`` picks another fetched runtime (``driven_release``: 0.33.0,
+PREVIOUS_VLLM, or 0.26.0, whose layer object is the same).
 
 Scope: one rank without expert parallelism (the engine's EP all-to-all is not run here); a TP
 rank's shard is a layer of its own (its partial sum), as the checks define it. A routing method
-the installed vLLM's ``RoutingMethodType`` lacks (0.33.0: ``TopKSigmoid``) is declined in
+the installed vLLM's ``RoutingMethodType`` lacks (0.33.0 and 0.34.0: ``TopKSigmoid``) is declined in
 ``convert``, a SKIP naming the release and its members: vLLM cannot configure such a layer, and
 the declarations say what the kernels do, not what one vLLM release can name.
 """
@@ -34,7 +35,6 @@ the declarations say what the kernels do, not what one vLLM release can name.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -73,7 +73,7 @@ def vllm_routing_method(routing: str, routing_type: Any, version: str) -> Any:
     harness's routing method ``routing``. Raises BackendUnavailable (the case is a SKIP naming
     why) where vLLM ``version`` has no such member: its layer cannot be configured with that
     routing, so vLLM never runs such a layer, and a crash there says nothing of the kernel. vLLM
-    names its members as the harness names its methods (0.33.0 lacks ``TopKSigmoid``)."""
+    names its members as the harness names its methods (0.33.0 and 0.34.0 lack ``TopKSigmoid``)."""
     if routing not in ROUTING_METHODS:
         raise ValueError(f"routing must be one of {', '.join(ROUTING_METHODS)}; got {routing!r}")
     members = routing_type.__members__  # by name: the enum's integers drift between releases
@@ -96,9 +96,11 @@ class Prepared:
 
 
 class _Layer(torch.nn.Module):
-    """The attributes ``GptOssMxfp4MoEMethod`` reads from its ``RoutedExperts`` layer (0.26.0 and
-    0.33.0: the latter's ``apply_monolithic`` also passes the grouped-top-k, score-bias, scaling,
-    sink and hash-routing attributes on, which a GPT-OSS layer leaves unset)."""
+    """The attributes ``GptOssMxfp4MoEMethod`` reads from its ``RoutedExperts`` layer (0.26.0 to
+    0.34.0: since 0.33.0 ``apply_monolithic`` also passes the grouped-top-k, score-bias, scaling,
+    sink and hash-routing attributes on, which a GPT-OSS layer leaves unset; 0.34.0 keeps the Triton
+    backends' swizzled tensors on it as ``w13_weight_triton``/``w2_weight_triton`` and its kernel
+    constants as buffers, which any ``torch.nn.Module`` takes)."""
 
     def __init__(self, experts: int, activation: Any, moe_config: Any) -> None:
         super().__init__()
@@ -161,14 +163,14 @@ class VllmLayer(VendorKernel):
     def load(self) -> None:
         """Boot vLLM (installed, or the project's runtime with its ops build), then import it."""
         from mxmoe.harness.contract.backend import require_host_arch
-        from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
+        from mxmoe.harness.upstream.fetch import VendorMissing
         from mxmoe.harness.upstream.vllm_ops import BuildError
-        from mxmoe.harness.upstream.vllm_runtime import boot
+        from mxmoe.harness.upstream.vllm_runtime import boot, driven_release
 
         d = self.declaration
         arch = require_host_arch(d.id, d.archs)
         try:
-            self.booted = boot(os.environ.get("MXMOE_VLLM_VERSION", NEWEST_VLLM), arch)
+            self.booted = boot(driven_release(), arch)
         except (VendorMissing, BuildError) as exc:
             raise BackendUnavailable(f"{d.id}: vLLM is not installed and its runtime cannot boot: {exc}") from exc
         super().load()

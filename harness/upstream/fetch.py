@@ -28,13 +28,17 @@ from mxmoe.harness.contract.platforms import cache_dir
 
 DEFAULT_VLLM = "0.26.0"
 """The vLLM release whose vendored triton_kernels (v3.5.1, the API vLLM runs on triton 3.6) is fetched."""
-NEWEST_VLLM = "0.33.0"
-"""The newest vLLM release: ``python -m harness vllm-drift --vllm-version`` checks it beside DEFAULT_VLLM."""
+NEWEST_VLLM = "0.34.0"
+"""The vLLM release the project follows: the declarations, the selection oracle, the drift check's
+default, the carryable runtime, the ops build and the vendor patches are its."""
+PREVIOUS_VLLM = "0.33.0"
+"""The release before NEWEST_VLLM, kept: ``vllm-drift`` checks it too, the runtime and the ops build
+can be made for it (``--vllm-version``), and ``MXMOE_VLLM_VERSION`` runs vLLM's layer from it."""
 TRITON_KERNELS_IN_WHEEL = "vllm/third_party/triton_kernels/"
 
 
 def release(version: str) -> tuple[int, ...]:
-    """``"0.33.0+cu130"`` -> (0, 33, 0); parts that are not numbers end it."""
+    """``"0.34.0+cu130"`` -> (0, 34, 0); parts that are not numbers end it."""
     out = []
     for part in version.split("+")[0].split("."):
         if not part.isdigit():

@@ -297,7 +297,7 @@ _VQ = "model_executor/layers/quantization/utils/mxfp4_utils.py"
 _VO = "model_executor/layers/fused_moe/oracle/mxfp4.py"
 _VM = "model_executor/layers/quantization/utils/marlin_utils_fp4.py"
 VLLM_PATCHES: tuple[Patch, ...] = (
-    # One-line bugs in vLLM 0.33.0's own weight preparation (its Python, under vllm/): each changes
+    # One-line bugs in vLLM 0.34.0's own weight preparation (its Python, under vllm/): each changes
     # what one backend's kernel is fed, never the kernel itself, so the direct adapters (which
     # convert the weights themselves) must not see it and vLLM's layer must.
     Patch(
@@ -315,9 +315,12 @@ VLLM_PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "marlin-scale-pairs-unpermuted", "scale",
-        "MARLIN: the E8M0 scales' pair permutation for 16-bit activations dropped",
-        (Edit(_VM, "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 2, 1, 3]].view(",
-              "        marlin_scales = marlin_scales.view(-1, 4)[:, [0, 1, 2, 3]].view("),),
+        "MARLIN: the E8M0 scales' pair permutation for 16-bit activations undone (applied a second time: the "
+        "swap of each group's middle pair is its own inverse). 0.34.0 gave NVFP4's scales the same permuting "
+        "line as MXFP4's, so the edit is on the line after it, the one only MXFP4's has",
+        (Edit(_VM, "    return marlin_scales.to(torch.float8_e8m0fnu)",
+              "    return marlin_scales.view(-1, 4)[:, [0, 2, 1, 3]].view(marlin_scales.size(0), -1).to("
+              "torch.float8_e8m0fnu)"),),
     ),
     Patch(
         "marlin-w2-bias-unpermuted", "bias",

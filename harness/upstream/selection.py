@@ -1,7 +1,7 @@
 """The selection oracle: which MXFP4 MoE backend a serving engine picks for a deployment.
 
 It reproduces the decision of vLLM's MXFP4 oracle (``select_mxfp4_moe_backend`` in
-``fused_moe/oracle/mxfp4.py``) of the release ``harness.upstream.fetch.NEWEST_VLLM`` (0.33.0),
+``fused_moe/oracle/mxfp4.py``) of the release ``harness.upstream.fetch.NEWEST_VLLM`` (0.34.0),
 which the backends' declarations follow too, from the declarations alone, so that the choice for
 any architecture can be asked and tested on any host. (``DEFAULT_VLLM``, 0.26.0, is another thing:
 the release whose vendored triton_kernels the Triton backends run.)
@@ -54,10 +54,11 @@ SM12X = ("sm120",)
 
 
 def gpt_oss_priority(arch: str) -> tuple[str, ...]:
-    """The ``auto`` order on ``arch``: GPT_OSS_PRIORITY, except on SM12x, where vLLM 0.33.0's
+    """The ``auto`` order on ``arch``: GPT_OSS_PRIORITY, except on SM12x, where vLLM 0.34.0's
     ``_get_priority_backends_for_gpt_oss`` moves TRITON after MARLIN (after BATCHED_MARLIN, which is
     not declared): there the OAI Triton kernels fit only small tiles in 99 KB of shared memory, and
-    MARLIN prefills faster."""
+    MARLIN prefills faster. 0.34.0 does the same on SM110 (Jetson Thor, not benchmarked there), an
+    architecture no declaration names."""
     check_arch(arch)
     if arch not in SM12X:
         return GPT_OSS_PRIORITY
@@ -135,7 +136,7 @@ asked for (emulation fake-quantizes any scheme; vLLM hands it the asked-for key)
 def activation_order(
     names: tuple[str, ...], by_name: dict[str, Declaration], asked: str | None
 ) -> tuple[list[str], list[str]]:
-    """vLLM 0.33.0's ``_filter_by_activation`` on a candidate list: (the declared candidates it keeps,
+    """vLLM 0.34.0's ``_filter_by_activation`` on a candidate list: (the declared candidates it keeps,
     in the order tried; those of them that are bf16 fallbacks). With a quantization asked for: the
     candidates of that scheme and EMULATION, then the bf16 (w4a16) candidates, the fallback; with
     none asked: the bf16 candidates if the list has any, else all of them (an ``_afp8`` string

@@ -16,16 +16,17 @@ loaded) are imported in a subprocess that pretends to be each architecture
 * ``activations``, ``routing_methods`` and ``w13_layout`` of each backend's kernel classes and
   weight conversion.
 
-The declarations and the selection follow NEWEST_VLLM, 0.33.0; DEFAULT_VLLM, 0.26.0 (the release
-whose vendored triton_kernels the Triton backends run), is checked as well. Every difference is a
-``Drift``. Differences that are understood are listed, with the reason, per vLLM release in
-``KNOWN_BY_VERSION``: ``KNOWN_V33`` holds only limitations (what the adapters do not implement, what
-a declaration cannot say, the project's own choices), ``KNOWN_V26`` those limitations too and where
-0.26.0 is older than the declarations (no PR #50622, no bf16 fallback, one ``auto`` order, the
-TRT-LLM round-up). ``python -m harness vllm-drift [--vllm-version V]`` (default NEWEST_VLLM) exits 1
-on any other, and on a known one of that release that no longer occurs (so the lists cannot go
-stale). ``python -m harness fetch vllm
---vllm-version V`` takes a release's sources and the probe's dependencies (``probe_deps``).
+The declarations and the selection follow NEWEST_VLLM, 0.34.0; PREVIOUS_VLLM, 0.33.0, and
+DEFAULT_VLLM, 0.26.0 (the release whose vendored triton_kernels the Triton backends run), are
+checked as well. Every difference is a ``Drift``. Differences that are understood are listed, with
+the reason, per vLLM release in ``KNOWN_BY_VERSION``: ``KNOWN_V34`` and ``KNOWN_V33`` hold only
+limitations (what the adapters do not implement, what a declaration cannot say, the project's own
+choices; 0.33.0's oracle answers as 0.34.0's does in everything compared), ``KNOWN_V26`` those
+limitations too and where 0.26.0 is older than the declarations (no PR #50622, no bf16 fallback,
+one ``auto`` order, the TRT-LLM round-up). ``python -m harness vllm-drift [--vllm-version V]``
+(default NEWEST_VLLM) exits 1 on any other, and on a known one of that release that no longer occurs
+(so the lists cannot go stale). ``python -m harness fetch vllm --vllm-version V`` takes a release's
+sources and the probe's dependencies (``probe_deps``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from mxmoe.harness.contract.padding import round_up
 from mxmoe.harness.upstream.fetch import (
     DEFAULT_VLLM,
     NEWEST_VLLM,
+    PREVIOUS_VLLM,
     VendorMissing,
     cache_dir,
     download_vllm_wheel,
@@ -66,7 +68,8 @@ PROBE_DEPS_SINCE = {
     # 0.33.0's oracle import path reaches the API server, the KV-transfer and structured-output
     # modules at import (fused_moe -> _aiter_ops -> ... -> v1.request). Its grammar libraries
     # (xgrammar, llguidance: native) are not installed: the probe stubs them (IMPORT_ONLY_STUBS).
-    NEWEST_VLLM: ("pybase64", "cachetools", "msgspec", "uvloop", "prometheus-client", "fastapi", "partial-json-parser"),
+    # 0.34.0's adds none.
+    "0.33.0": ("pybase64", "cachetools", "msgspec", "uvloop", "prometheus-client", "fastapi", "partial-json-parser"),
 }
 """Dependencies a vLLM release's oracle added to PROBE_DEPS, by the first release that needs them."""
 
@@ -136,65 +139,86 @@ _SHARED: dict[Key, str] = {
     **_each("selection", ("emulation/none", "emulation/mxfp8", "emulation/fp8"), ("cpu",), _CPU),
 }
 
-_ROCM_256_V33 = (
-    "On ROCm vLLM 0.33.0 pads TRITON and TRITON_UNFUSED to multiples of 256 "
+_ROCM_256 = (
+    "On ROCm vLLM {v} pads TRITON and TRITON_UNFUSED to multiples of 256 "
     "(mxfp4_round_up_hidden_size_and_intermediate_size: 128 only for TRITON_UNFUSED with SiLU or SiTU before CDNA4, "
     "and gpt-oss's Mxfp4MoEMethod.maybe_roundup_sizes passes no activation). A declaration has one pair of "
     "alignments for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; "
     "only the padding audit shows less padding than ROCm has"
 )
-KNOWN_V33: dict[Key, str] = {
-    **_SHARED,
-    ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
-        "vLLM 0.33.0 also serves DeepSeekV3 routing with this kernel (AiterW4A16ExpertsMonolithic."
-        "_supports_routing_method: aiter's routing with score_mode='sigmoid' and the correction bias, for MiMo-V2.6), "
-        "and DeepseekV4, which is not a harness routing method. The adapter (kernels/aiter_common.py) routes with "
-        "aiter's softmax routing only, so the declaration keeps Renormalize(Naive): claiming DeepSeekV3 would judge "
-        "the kernel on routing it was not given. `select --routing DeepSeekV3` on ROCm refuses where vLLM picks it"
-    ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
-        "vLLM 0.33.0 has two TRT-LLM kernel classes: the preferred one routes inside FlashInfer (Renormalize, "
-        "RenormalizeNaive, DeepSeekV3), the other takes the top-k from vLLM's router (any method). The adapter calls "
-        "FlashInfer's in-kernel routing only, so the declaration lists what that routing implements; MiniMax2, "
-        "Sigmoid and SigmoidRenorm, which vLLM serves through the other class, are not tested"
-    ),
-    ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
-    **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V33),
+_TRTLLM_CLASSES = {
+    "0.33.0": "two TRT-LLM kernel classes: the preferred one routes inside FlashInfer (Renormalize, RenormalizeNaive, "
+    "DeepSeekV3), the other takes the top-k from vLLM's router (any method)",
+    "0.34.0": "three TRT-LLM kernel classes: the preferred one routes inside FlashInfer (Renormalize, "
+    "RenormalizeNaive, DeepSeekV3), the other two take the top-k from vLLM's router (any method; since 0.34.0 one "
+    "for bf16 activations, TrtLlmMxfp4ExpertsModular, and one for MXFP8, TrtLlmMxfp4Mxfp8ExpertsModular)",
 }
-"""Understood differences from vLLM 0.33.0 (NEWEST_VLLM), the release the declarations and
+
+
+def _known_since_v33(v: str) -> dict[Key, str]:
+    """The understood differences of vLLM ``v`` (0.33.0 or 0.34.0): the same facts in both
+    releases (their probes differ only in the TRT-LLM kernel classes, which are not compared), so the
+    same entries, each reason naming its release."""
+    return {
+        **_SHARED,
+        ("routing_methods", "AITER_TRITON_MXFP4_BF16", "*"): (
+            f"vLLM {v} also serves DeepSeekV3 routing with this kernel (AiterW4A16ExpertsMonolithic."
+            "_supports_routing_method: aiter's routing with score_mode='sigmoid' and the correction bias, for "
+            "MiMo-V2.6), and DeepseekV4, which is not a harness routing method. The adapter (kernels/aiter_common.py) "
+            "routes with aiter's softmax routing only, so the declaration keeps Renormalize(Naive): claiming "
+            "DeepSeekV3 would judge the kernel on routing it was not given. `select --routing DeepSeekV3` on ROCm "
+            "refuses where vLLM picks it"
+        ),
+        ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
+            f"vLLM {v} has {_TRTLLM_CLASSES[v]}. The adapter calls FlashInfer's in-kernel routing only, so the "
+            "declaration lists what that routing implements; MiniMax2, Sigmoid and SigmoidRenorm, which vLLM serves "
+            "through the other classes, are not tested"
+        ),
+        ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
+        **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256.format(v=v)),
+    }
+
+
+KNOWN_V34 = _known_since_v33(NEWEST_VLLM)
+"""Understood differences from vLLM 0.34.0 (NEWEST_VLLM), the release the declarations and
 ``harness.upstream.selection`` follow: only limitations, each with why it stays (the adapters do not
 implement a routing or an architecture vLLM has, a declaration has one alignment, the project's own
 choices)."""
+KNOWN_V33 = _known_since_v33(PREVIOUS_VLLM)
+"""Understood differences from vLLM 0.33.0 (PREVIOUS_VLLM): the same limitations, none more (its
+oracle answers as 0.34.0's in everything the check compares)."""
 
 _PR50622 = (
     "vLLM 0.26.0 predates PR #50622, which added AITER_TRITON_MXFP4_BF16 (AITER's Triton W4A16 kernel): its enum "
     "member, the 'aiter_triton_mxfp4_bf16' string, its place in the GPT-OSS priority and in 'aiter'. The "
-    "declarations follow 0.33.0, which has it"
+    "declarations follow 0.34.0, which has it (as 0.33.0 does)"
 )
 _NO_FALLBACK_V26 = (
     "vLLM 0.26.0's _filter_by_activation keeps only the variants of the asked-for activation quantization (and "
-    "EMULATION), so a --moe-backend family with none of that scheme fails. 0.33.0, which the selection follows, "
-    "then runs the family's bf16 variant (with _warn_on_bf16_fallback's warning)"
+    "EMULATION), so a --moe-backend family with none of that scheme fails. 0.33.0 and 0.34.0, which the selection "
+    "follows, then run the family's bf16 variant (with _warn_on_bf16_fallback's warning)"
 )
 _ROCM_256_V26 = (
     "On ROCm vLLM 0.26.0 pads TRITON and TRITON_UNFUSED to multiples of 256 "
-    "(mxfp4_round_up_hidden_size_and_intermediate_size), as 0.33.0 does: a declaration has one pair of alignments "
+    "(mxfp4_round_up_hidden_size_and_intermediate_size), as 0.33.0 and 0.34.0 do: a declaration has one pair of "
+    "alignments "
     "for every architecture, and these follow vLLM on CUDA. The padding is zeros, so results agree; only the "
     "padding audit shows less padding than ROCm has"
 )
 _SM12X_V26 = (
     "vLLM 0.26.0 does not run the OpenAI Triton kernels on SM12x: its _triton_kernel_moe_supports_current_device "
-    'keeps 9.0 <= capability < 11.0 on CUDA ("excludes SM120"). 0.33.0, which the declarations follow, widens it '
-    "to < 13.0 with SM12x's own settings (mxfp4_utils._swizzle_mxfp4: is_persistent, epilogue_subtile=1; "
-    "_constrain_sm12x_block_m: block_m at most 32), which the TRITON and TRITON_UNFUSED adapters apply there"
+    'keeps 9.0 <= capability < 11.0 on CUDA ("excludes SM120"). 0.33.0 widens it, and 0.34.0, which the '
+    "declarations follow, keeps it, to < 13.0 with SM12x's own settings (mxfp4_utils._swizzle_mxfp4: "
+    "is_persistent, epilogue_subtile=1; _constrain_sm12x_block_m: block_m at most 32), which the TRITON and "
+    "TRITON_UNFUSED adapters apply there"
 )
 KNOWN_V26: dict[Key, str] = {
     **_SHARED,
     ("backends", "AITER_TRITON_MXFP4_BF16", "*"): _PR50622,
     ("gpt_oss_priority", "auto", "*"): _PR50622,
     ("gpt_oss_priority", "auto", "sm120"): (
-        "vLLM 0.26.0 has one GPT-OSS priority order everywhere; on SM12x 0.33.0 moves TRITON after MARLIN, and the "
-        "selection follows it. " + _PR50622
+        "vLLM 0.26.0 has one GPT-OSS priority order everywhere; on SM12x 0.33.0 and 0.34.0 move TRITON after MARLIN "
+        "(0.34.0 on SM110 too), and the selection follows them. " + _PR50622
     ),
     ("moe_backend_strings", "aiter", "*"): _PR50622,
     ("moe_backend_strings", "aiter_triton_mxfp4_bf16", "*"): _PR50622,
@@ -219,8 +243,8 @@ KNOWN_V26: dict[Key, str] = {
     **_each("selection", ("triton/none", "triton/mxfp8", "triton/fp8"), ("sm120",), _SM12X_V26),
     **_each("selection", ("triton_unfused/none", "triton_unfused/mxfp8", "triton_unfused/fp8"), ("sm120",), _SM12X_V26),
     ("round_up", "FLASHINFER_TRTLLM_MXFP4_BF16", "*"): (
-        "vLLM 0.26.0 pads the TRT-LLM intermediate size to a multiple of 256; 0.33.0, which the declarations follow, "
-        "to 128 (mxfp4_round_up_hidden_size_and_intermediate_size)"
+        "vLLM 0.26.0 pads the TRT-LLM intermediate size to a multiple of 256; 0.33.0 and 0.34.0, which the "
+        "declarations follow, to 128 (mxfp4_round_up_hidden_size_and_intermediate_size)"
     ),
     ("round_up", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
     **_each("round_up", ("TRITON", "TRITON_UNFUSED"), ("gfx942", "gfx950"), _ROCM_256_V26),
@@ -232,11 +256,15 @@ KNOWN_V26: dict[Key, str] = {
     ("routing_methods", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "*"): "as FLASHINFER_TRTLLM_MXFP4_BF16",
 }
 """Understood differences from vLLM 0.26.0 (DEFAULT_VLLM, the release whose vendored triton_kernels
-the Triton backends run), which the declarations no longer follow: where 0.26.0 differs from 0.33.0
+the Triton backends run), which the declarations no longer follow: where 0.26.0 differs from 0.34.0
 (no PR #50622, no bf16 fallback, one priority order, the TRT-LLM round-up), and the limitations
 both releases share."""
 
-KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {NEWEST_VLLM: KNOWN_V33, DEFAULT_VLLM: KNOWN_V26}
+KNOWN_BY_VERSION: dict[str, dict[Key, str]] = {
+    NEWEST_VLLM: KNOWN_V34,
+    PREVIOUS_VLLM: KNOWN_V33,
+    DEFAULT_VLLM: KNOWN_V26,
+}
 """The understood differences of each vLLM release the drift check knows."""
 KNOWN = KNOWN_BY_VERSION[NEWEST_VLLM]
 """Those of NEWEST_VLLM, the release the declarations follow (``vllm-drift``'s default)."""

@@ -1,7 +1,8 @@
 """A project-owned build of the few compiled vLLM ops that vLLM's MXFP4 MoE layer calls on CUDA.
 
 vLLM's wheel is 321 MiB, 633 MiB of it compiled extensions; its MXFP4 MoE layer calls a handful
-of them. On CUDA, per backend (vLLM 0.33.0, read from ``fused_moe/`` and ``_custom_ops.py``):
+of them. On CUDA, per backend (vLLM 0.34.0, read from ``fused_moe/`` and ``_custom_ops.py``; the
+same ops as 0.33.0's):
 
 - TRITON calls none (OpenAI triton_kernels' routing and ``matmul_ogs``);
 - TRITON_UNFUSED calls the activation op (``_C::swigluoai_and_mul``, or
@@ -23,13 +24,17 @@ PyPI, read from the cache at build time; nothing of vLLM is committed here):
   ``csrc/activation_kernels.cu``;
 - a binding (``BINDING_NAME``) that registers them under vLLM's op names with vLLM's own schemas:
   each ``def`` and ``impl`` statement is copied at build time from vLLM's
-  ``csrc/torch_bindings.cpp`` and ``csrc/moe/torch_bindings.cpp`` (the statements of ``OPS``).
+  ``csrc/torch_bindings.cpp`` and ``csrc/moe/torch_bindings.cpp`` (the statements of ``OPS``), so
+  a release's schemas come with its sources: 0.34.0 dropped Marlin's 8-bit activations, and with
+  them ``is_a_8bit`` from ``gptq_marlin_repack`` and ``a_scales`` from ``moe_wna16_marlin_gemm``,
+  as its ``_custom_ops.py`` no longer passes them.
 
 The flags are vLLM's (``CMakeLists.txt``): the libtorch stable ABI with ``TORCH_TARGET_VERSION``
-2.11, so the library loads in any torch from 2.11 on; ``--expt-relaxed-constexpr
---expt-extended-lambda -DENABLE_FP8``; Marlin (MoE GEMM and repack) as compute_80 PTX only, as
-vLLM's wheel ships it for sm90 (its ``MARLIN_MOE_ARCHS`` is "8.0+PTX"; the driver compiles the
-PTX at first load); the other sources for the target architecture. After linking, the library's
+2.11 (0.33.0 and 0.34.0 alike, though both pin torch 2.14.0), so the library loads in any torch from
+2.11 on; ``--expt-relaxed-constexpr --expt-extended-lambda -DENABLE_FP8``; Marlin (MoE GEMM and
+repack) as compute_80 PTX only, as vLLM's wheel ships it for sm90 (its ``MARLIN_MOE_ARCHS`` is
+"8.0+PTX"; 0.34.0 dropped the native SM12x variant 0.33.0 added with CUDA 12.8; the driver compiles
+the PTX at first load); the other sources for the target architecture. After linking, the library's
 undefined dynamic symbols are read with ``nm``: one of vLLM's own (a source the build left out)
 fails the build rather than a call at run time.
 

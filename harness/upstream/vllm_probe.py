@@ -1,4 +1,4 @@
-"""Ask vLLM's own MXFP4 MoE oracle (0.26.0, 0.33.0) what it would do on an architecture this host does not have.
+"""Ask vLLM's own MXFP4 MoE oracle (0.26.0, 0.33.0, 0.34.0) what it would do on an architecture this host does not have.
 
 Our declarations (backend lists, ``--moe-backend`` strings, padding, gate/up layouts, auto-selection)
 are copied from reading vLLM; this probe lets the harness check them against vLLM's code instead of
@@ -11,8 +11,8 @@ and ROCm's GCN arch once per process, and the probe patches module globals)::
 
     PYTHONPATH=<vllm-<version> sources>:<pure-python deps> python -m mxmoe.harness.upstream.vllm_probe --arch sm100
 
-Packages vLLM imports on the oracle's way but never calls there (IMPORT_ONLY_STUBS: 0.33.0's
-structured-output grammar libraries) get a placeholder where they are not installed; the JSON's
+Packages vLLM imports on the oracle's way but never calls there (IMPORT_ONLY_STUBS: 0.33.0's and
+0.34.0's structured-output grammar libraries) get a placeholder where they are not installed; the JSON's
 ``stubbed_imports`` names them.
 
 It prints one JSON object, on one line (callers read the last line), on stdout; everything else
@@ -78,7 +78,7 @@ EXTRA_IMPORTS: tuple[str | tuple[str, ...], ...] = (
     f"{QUANT}.mxfp4",
     f"{QUANT}.utils.mxfp4_utils",
     f"{QUANT}.utils.marlin_utils_fp4",
-    (f"{QUANT}.utils.humming_utils", f"{QUANT}.utils.humming"),  # 0.26.0, 0.33.0
+    (f"{QUANT}.utils.humming_utils", f"{QUANT}.utils.humming"),  # 0.26.0, 0.33.0 and 0.34.0
     f"{EXPERTS}.cpu_moe",
     "vllm._aiter_ops",
     "vllm.utils.flashinfer",
@@ -143,13 +143,14 @@ def _set_environment(arch: str) -> None:
 
 IMPORT_ONLY_STUBS = {
     "xgrammar": (
-        "structured outputs' grammar library (native): vLLM 0.33.0 imports it at module level on the oracle's "
-        "import path (fused_moe -> _aiter_ops -> ... -> v1.request -> v1.structured_output -> "
+        "structured outputs' grammar library (native): vLLM 0.33.0 and 0.34.0 import it at module level on the "
+        "oracle's import path (fused_moe -> _aiter_ops -> ... -> v1.request -> v1.structured_output -> "
         "parser.abstract_parser); the oracle never calls it"
     ),
     "llguidance": (
-        "structured outputs' other grammar library (native): 0.33.0's v1/structured_output/backend_guidance.py "
-        "reads llguidance.LLMatcher in a dataclass annotation at import, on the same path"
+        "structured outputs' other grammar library (native): 0.33.0's and 0.34.0's "
+        "v1/structured_output/backend_guidance.py reads llguidance.LLMatcher in a dataclass annotation at import, "
+        "on the same path"
     ),
 }
 """Packages vLLM imports on the oracle's way but never calls there: where one is not installed, its
@@ -545,6 +546,13 @@ def _identity(x: Any, *args: Any, **kwargs: Any) -> Any:
     return x
 
 
+def _triton_tensor(t: Any) -> Any:
+    """What triton_kernels' swizzle returns, as far as vLLM's conversion reads it: the data at
+    ``.storage.data`` (0.34.0's ``store_params_in_triton`` moves it into the layer's parameter and
+    back; earlier releases only hand the object on)."""
+    return types.SimpleNamespace(storage=types.SimpleNamespace(data=t))
+
+
 def _stub_module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name)
     # importlib.util.find_spec() on a module in sys.modules reads its __spec__.
@@ -622,7 +630,7 @@ def _layout_stubs(ox: types.ModuleType) -> tuple[list[tuple[Any, str, Any]], dic
     marlin = importlib.import_module(f"{QUANT}.utils.marlin_utils_fp4")
     cpu_moe = importlib.import_module(f"{EXPERTS}.cpu_moe")
     patches: list[tuple[Any, str, Any]] = [
-        (ox, "_swizzle_mxfp4", lambda w, s, *a, **k: (w, in_flex(), s)),
+        (ox, "_swizzle_mxfp4", lambda w, s, *a, **k: (_triton_tensor(w), in_flex(), _triton_tensor(s))),
         (ox, "_pack_deepgemm_mxfp4_scales", lambda w13, w2, s13, s2: (s13, s2)),
         (aiter_ops, "shuffle_weight_a16w4", staticmethod(_identity)),
         (aiter_ops, "shuffle_scale_a16w4", staticmethod(_identity)),
@@ -672,6 +680,8 @@ def _row_sequence(t: Any, kind: str) -> list[int] | str:
 
     if kind == "scale" and hasattr(t, "weight_scale"):  # a triton_kernels PrecisionConfig
         t = t.weight_scale
+    if isinstance(getattr(t, "storage", None), types.SimpleNamespace):  # _triton_tensor's
+        t = t.storage.data
     if not isinstance(t, torch.Tensor):
         return f"{kind} is a {type(t).__name__}"
     n = 2 * LAYOUT_I

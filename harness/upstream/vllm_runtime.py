@@ -68,7 +68,10 @@ RUNTIME_DEPS = (
 """The packages vLLM 0.33.0's MoE layer path imports that a GPU image with torch, triton and
 transformers lacks, pinned to a set that imports together (``--no-deps``: nothing else is fetched,
 so torch, triton and numpy never are). Found by booting the runtime in a fresh environment holding
-only torch, triton, transformers and the GPU image's other packages."""
+only torch, triton, transformers and the GPU image's other packages. vLLM 0.34.0 (NEWEST_VLLM) is
+carried with the same set: every pin meets its requirements, and its layer imports with them on
+torch 2.11 and 2.13; its layer path no longer imports openai, openai-harmony, fastapi, starlette or
+partial-json-parser (and their own dependencies), which stay for PREVIOUS_VLLM's runtime."""
 KEEP_SUFFIXES = (".py", ".json", ".jinja", ".typed", ".txt")
 DIST_INFO_FILES = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt")
 PLACEHOLDERS = {
@@ -236,6 +239,13 @@ def _register_capability_queries() -> list[str]:
 
 BOOTED: dict[str, Any] | None = None
 """This process's boot record (vLLM binds its platform once per process)."""
+
+
+def driven_release() -> str:
+    """The vLLM release vLLM's layer is run from where vLLM is not installed: ``$MXMOE_VLLM_VERSION``
+    (PREVIOUS_VLLM, say, or another fetched runtime), else NEWEST_VLLM. The driver boots it and the
+    mutation worker patches its sources, so that both run the same release."""
+    return os.environ.get("MXMOE_VLLM_VERSION") or NEWEST_VLLM
 
 
 def boot(version: str = NEWEST_VLLM, arch: str | None = None) -> dict[str, Any]:

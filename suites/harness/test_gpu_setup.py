@@ -17,7 +17,7 @@ import pytest
 
 from mxmoe.harness.run.registry import discover
 from mxmoe.harness.upstream import bundle, gpu_setup
-from mxmoe.harness.upstream.fetch import VendorMissing
+from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
 from mxmoe.harness.upstream.flashinfer_releases import resolve
 from mxmoe.harness.upstream.gpu_setup import Host, plan, run
 
@@ -182,8 +182,8 @@ def test_a_bundle_is_checked_before_use_and_its_pieces_are_cut_as_documented(tmp
     root = _bundle(tmp_path)
     data = bundle.read_manifest(root)
     assert data["kind"] == "mxmoe-gpu-bundle" and data["total_bytes"] == sum(f["bytes"] for f in data["files"])
-    assert {f["path"] for f in data["files"]} >= {"sdist/vllm-0.33.0.tar.gz", "vendor/triton_kernels-vllm-0.26.0/"
-                                                  "triton_kernels/__init__.py"}  # fmt: skip
+    carried = {f"sdist/vllm-{NEWEST_VLLM}.tar.gz", "vendor/triton_kernels-vllm-0.26.0/triton_kernels/__init__.py"}
+    assert {f["path"] for f in data["files"]} >= carried
     other = json.loads((root / bundle.MANIFEST).read_text()) | {"python": "3.9"}
     (root / bundle.MANIFEST).write_text(json.dumps(other))
     with pytest.raises(VendorMissing, match="was made for Python 3.9; this is Python .*--python-version"):

@@ -1,9 +1,9 @@
 """The drift check of vLLM's own MXFP4 oracle against the declarations: that it sees a difference
 of each kind (on facts edited from a real probe), that known differences must keep occurring, that
 each vLLM release has its own known differences, and, where vLLM's sources are fetched (./dev does
-it on GPU-less hosts), that vLLM 0.33.0 (NEWEST_VLLM, which the declarations follow) and 0.26.0
-(DEFAULT_VLLM), each run under every fake platform, differ from the declarations only as that
-release's KNOWN explains."""
+it on GPU-less hosts), that vLLM 0.34.0 (NEWEST_VLLM, which the declarations follow), 0.33.0
+(PREVIOUS_VLLM) and 0.26.0 (DEFAULT_VLLM), each run under every fake platform, differ from the
+declarations only as that release's KNOWN explains."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 
 from mxmoe.harness.run.registry import discover
 from mxmoe.harness.upstream import vllm_drift as vd
-from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM
+from mxmoe.harness.upstream.fetch import DEFAULT_VLLM, NEWEST_VLLM, PREVIOUS_VLLM
 
 DECLARATIONS = [item.backend.declaration for item in discover()]
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED_VLLM = (NEWEST_VLLM, DEFAULT_VLLM)
-"""The releases the drift check runs against: the one the declarations follow, and the one whose
-vendored triton_kernels the Triton backends run."""
+CHECKED_VLLM = (NEWEST_VLLM, PREVIOUS_VLLM, DEFAULT_VLLM)
+"""The releases the drift check runs against: the one the declarations follow, the one before it, and
+the one whose vendored triton_kernels the Triton backends run."""
 
 
 def _fetched(version: str) -> bool:
@@ -82,7 +82,8 @@ def test_each_kind_of_drift_is_seen(edit, expected):
 
 
 def test_sm12x_has_its_own_auto_order():
-    """vLLM 0.33.0 puts TRITON after MARLIN on SM12x only: its order there is no drift, 0.26.0's one
+    """vLLM 0.33.0 and 0.34.0 put TRITON after MARLIN on SM12x (0.34.0 on SM110 too, which no declaration
+    names): its order there is no drift, 0.26.0's one
     order is, in a row of that arch."""
     from mxmoe.harness.upstream.selection import GPT_OSS_PRIORITY, gpt_oss_priority
 
@@ -110,18 +111,31 @@ def test_each_release_has_its_own_known_differences():
     assert ("backends", "AITER_TRITON_MXFP4_BF16", "*") not in vd.stale_known([absent])
     assert ("round_up", "TRITON", "gfx942") in vd.stale_known([absent])
     assert not any(vd._PR50622 in reason for reason in vd.known_for(NEWEST_VLLM).values())
-    assert vd.known_for(NEWEST_VLLM) is vd.KNOWN is vd.KNOWN_V33 and vd.known_for() is vd.KNOWN
-    assert vd.known_for(DEFAULT_VLLM) is vd.KNOWN_V26 and vd.known_for(NEWEST_VLLM + "+cu130") is vd.KNOWN_V33
+    assert vd.known_for(NEWEST_VLLM) is vd.KNOWN is vd.KNOWN_V34 and vd.known_for() is vd.KNOWN
+    assert vd.known_for(DEFAULT_VLLM) is vd.KNOWN_V26 and vd.known_for(NEWEST_VLLM + "+cu130") is vd.KNOWN_V34
+    assert vd.known_for(PREVIOUS_VLLM) is vd.KNOWN_V33 and vd.known_for("0.33.5") is vd.KNOWN_V33
+    assert vd.known_for("0.35.0") is vd.KNOWN_V34  # a newer release is checked against the last reasons
     assert vd.Drift("backends", "X", "*", "", "").vllm_version == NEWEST_VLLM
-    assert set(vd.probe_deps(DEFAULT_VLLM)) < set(vd.probe_deps(NEWEST_VLLM))
+    assert set(vd.probe_deps(DEFAULT_VLLM)) < set(vd.probe_deps(PREVIOUS_VLLM)) == set(vd.probe_deps(NEWEST_VLLM))
+
+
+def test_the_two_newest_releases_have_the_same_limitations_each_naming_its_own():
+    """0.33.0's oracle answers as 0.34.0's in everything compared: the same keys, and every reason that
+    names a release names its own (0.34.0's TRT-LLM reason counts its third kernel class)."""
+    assert set(vd.KNOWN_V34) == set(vd.KNOWN_V33)
+    for key, reason in vd.KNOWN_V34.items():
+        if reason != vd.KNOWN_V33[key]:
+            assert "0.34.0" in reason and "0.33.0" not in reason, key
+            assert "0.33.0" in vd.KNOWN_V33[key] and "0.34.0" not in vd.KNOWN_V33[key], key
+    assert "TrtLlmMxfp4Mxfp8ExpertsModular" in vd.KNOWN_V34[("routing_methods", "FLASHINFER_TRTLLM_MXFP4_BF16", "*")]
 
 
 def test_triton_on_sm12x_is_known_only_where_vllm_does_not_run_it():
-    """The TRITON and TRITON_UNFUSED adapters apply vLLM 0.33.0's SM12x settings and declare sm120: no
-    difference is left there in 0.33.0, and 0.26.0, which does not run them on SM12x
+    """The TRITON and TRITON_UNFUSED adapters apply vLLM 0.34.0's SM12x settings (0.33.0's) and declare
+    sm120: no difference is left there in 0.34.0 or 0.33.0, and 0.26.0, which does not run them on SM12x
     (_triton_kernel_moe_supports_current_device below capability 11.0), differs in exactly these."""
     strings = [f"{s}/{q}" for s in ("triton", "triton_unfused") for q in ("none", "mxfp8", "fp8")]
-    assert not [k for k in vd.KNOWN_V33 if k[2] == "sm120" and k[1].startswith("triton")]
+    assert not [k for k in {**vd.KNOWN_V34, **vd.KNOWN_V33} if k[2] == "sm120" and k[1].startswith("triton")]
     assert [k for k in vd.KNOWN_V26 if k[2] == "sm120" and k[1].startswith("triton")] == [
         ("selection", s, "sm120") for s in strings
     ]
@@ -132,7 +146,7 @@ def test_triton_on_sm12x_is_known_only_where_vllm_does_not_run_it():
     facts["selection"] = {"triton": {"none": "TRITON"}, "triton_unfused": {"none": "TRITON_UNFUSED"}}
     assert not [d for d in vd.compare(facts, DECLARATIONS) if d.kind == "selection"]
     facts["selection"] = {"triton": {"none": "error: not supported"}}  # as 0.26.0 answers there
-    for version, explained in ((NEWEST_VLLM, False), (DEFAULT_VLLM, True)):
+    for version, explained in ((NEWEST_VLLM, False), (PREVIOUS_VLLM, False), (DEFAULT_VLLM, True)):
         rows = vd.mark_known(
             [d for d in vd.compare({**facts, "vllm_version": version}, DECLARATIONS) if d.kind == "selection"]
         )

@@ -352,7 +352,9 @@ def test_prepare_keeps_vllms_generated_mxfp4_kernel_and_its_15_selector_entries(
     marlin = work / "csrc/moe/marlin_moe_wna16"
     assert sorted(p.name for p in marlin.glob("*kernel_*.cu")) == [MXFP4_KERNEL_FILE]
     assert {"ops.cu", "kernel.h", "marlin_template.h", "kernel_selector.h"} <= {p.name for p in marlin.iterdir()}
-    assert (kept, total) == (15, 672)  # vLLM 0.33.0's generator at 9.0: 672 kernels, 15 of them MXFP4's
+    # vLLM 0.34.0's generator at 9.0: 480 kernels, 15 of them MXFP4's (0.33.0's: 672, with the 8-bit
+    # activations 0.34.0 dropped)
+    assert (kept, total) == (15, 480)
     lines = [ln for ln in (marlin / "kernel_selector.h").read_text().splitlines() if not ln.startswith("//")]
     conds = [ln for ln in lines if "if (" in ln]
     assert len(conds) == 15 and len(lines) == 30
@@ -439,3 +441,37 @@ def test_ops_are_what_the_layer_calls():
     assert len({(o.namespace, o.name) for o in OPS}) == len(OPS) == 6
     assert {o.namespace for o in OPS} == {"_C", "_moe_C"}
     assert all(dataclasses.is_dataclass(o) for o in OPS)
+
+
+def _schema_arity(binding: str, name: str) -> tuple[int, int]:
+    """(required, all) arguments of ``name``'s schema in the binding (its C string literals joined)."""
+    stmt = re.search(rf'm\.def\(\s*("{name}\(.*?)\);', binding, re.S)
+    assert stmt is not None, name
+    schema = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', stmt[1]))
+    args = [a.strip() for a in schema[len(name) + 1 : schema.index(") ->")].split(",") if a.strip()]
+    return sum("=" not in a for a in args), len(args)
+
+
+def test_the_bindings_schemas_take_what_the_same_releases_python_passes(prepared):
+    """Every call ``_custom_ops.py`` makes to a built op passes as many arguments as the schema
+    copied from the same release's sources takes: a source package of one release with another
+    release's Python (0.33.0's ``is_a_8bit`` and ``a_scales``, dropped in 0.34.0) fails here, not
+    at the first MARLIN call on a GPU."""
+    import ast
+
+    from mxmoe.harness.upstream.vllm_drift import vllm_root
+
+    ops_py = vllm_root(NEWEST_VLLM) / "vllm" / "_custom_ops.py"
+    if not ops_py.is_file():
+        pytest.skip(f"vLLM {NEWEST_VLLM}'s sources are not fetched: python -m harness fetch vllm --vllm-version "
+                    f"{NEWEST_VLLM}")  # fmt: skip
+    binding = (prepared[2] / "csrc" / BINDING_NAME).read_text()
+    arity = {(op.namespace, op.name): _schema_arity(binding, op.name) for op in OPS}
+    calls = []
+    for node in ast.walk(ast.parse(ops_py.read_text())):
+        f = node.func if isinstance(node, ast.Call) else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and (f.value.attr, f.attr) in arity:
+            required, total = arity[(f.value.attr, f.attr)]
+            calls.append((f.attr, node.lineno, required <= len(node.args) + len(node.keywords) <= total))
+    assert {name for name, _, _ in calls} >= {"gptq_marlin_repack", "moe_wna16_marlin_gemm", "moe_sum"}
+    assert [c for c in calls if not c[2]] == []

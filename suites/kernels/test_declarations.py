@@ -15,10 +15,10 @@ DECLARED = {
     "FLASHINFER_TRTLLM_MXFP4_BF16": (("sm100",), "w4a16", "pair_swapped", 256, 128, "fp32"),
     "FLASHINFER_TRTLLM_MXFP4_MXFP8": (("sm100",), "w4a8-mxfp8", "pair_swapped", 256, 128, "fp32"),
     "FLASHINFER_CUTLASS_MXFP4_BF16": (("sm90",), "w4a16", "chunked_up_gate", 128, 128, "bf16"),
-    # sm100 as first read; vLLM (0.26.0 and 0.33.0) also takes the scheme on SM12x (has_device_capability(100))
+    # sm100 as first read; vLLM (0.26.0 to 0.34.0) also takes the scheme on SM12x (has_device_capability(100))
     "FLASHINFER_CUTLASS_MXFP4_MXFP8": (("sm100", "sm120"), "w4a8-mxfp8", "chunked_up_gate", 128, 128, "bf16"),
-    # sm120 as vLLM 0.33.0 runs it there (_triton_kernel_moe_supports_current_device: 9.0 <= capability < 13.0,
-    # with SM12x's own opt-flag constraints); from vLLM's code, not run on an SM12x GPU
+    # sm120 as vLLM 0.33.0 and 0.34.0 run it there (_triton_kernel_moe_supports_current_device: 9.0 <= capability
+    # < 13.0, with SM12x's own opt-flag constraints); from vLLM's code, not run on an SM12x GPU
     "TRITON": (("sm90", "sm100", "sm120", "gfx942", "gfx950"), "w4a16", "interleaved", 32, 64, "fp32"),
     "TRITON_UNFUSED": (("sm90", "sm100", "sm120", "gfx942", "gfx950"), "w4a16", "chunked_gate_up", 32, 64, "fp32"),
     "MARLIN": (("sm80", "sm90", "sm100", "sm120"), "w4a16", "interleaved", 256, 128, "bf16"),

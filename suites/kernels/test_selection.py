@@ -1,4 +1,4 @@
-"""The selection oracle: the backend vLLM 0.33.0's MXFP4 oracle picks per architecture, the reasons
+"""The selection oracle: the backend vLLM 0.34.0's MXFP4 oracle picks per architecture, the reasons
 it gives for the others, its bf16 fallback, and its errors. Test ids carry the architecture
 (``pytest -k gfx942``)."""
 
@@ -68,7 +68,7 @@ def test_explicit_moe_backend_sm90():
 
 
 def test_sm12x_tries_triton_after_marlin_sm120():
-    """vLLM 0.33.0's _get_priority_backends_for_gpt_oss: on SM12x TRITON comes after MARLIN; elsewhere
+    """vLLM 0.34.0's _get_priority_backends_for_gpt_oss: on SM12x TRITON comes after MARLIN; elsewhere
     the one order."""
     order = gpt_oss_priority("sm120")
     assert order.index("TRITON") == order.index("MARLIN") + 1 and sorted(order) == sorted(GPT_OSS_PRIORITY)
@@ -79,7 +79,7 @@ def test_sm12x_tries_triton_after_marlin_sm120():
 @pytest.mark.parametrize("moe_backend, expected", [("triton", "TRITON"), ("triton_unfused", "TRITON_UNFUSED")])
 @pytest.mark.parametrize("quant", [None, "mxfp8", "fp8"])
 def test_explicit_triton_runs_on_sm12x_sm120(moe_backend, expected, quant):
-    """vLLM 0.33.0 runs the OpenAI Triton kernels on SM12x (_triton_kernel_moe_supports_current_device:
+    """vLLM 0.34.0 runs the OpenAI Triton kernels on SM12x (_triton_kernel_moe_supports_current_device:
     9.0 <= capability < 13.0), asked for by name; `auto` still prefers MARLIN there. 0.26.0 did not
     (its window ends at 11.0: a KNOWN_V26 difference). Not run on an SM12x GPU."""
     sel = _pick(arch="sm120", moe_backend=moe_backend, activation_quant=quant)
@@ -101,7 +101,7 @@ def test_explicit_triton_runs_on_sm12x_sm120(moe_backend, expected, quant):
     ids=lambda v: str(v),
 )
 def test_bf16_fallback_when_no_variant_takes_the_asked_activations(arch, moe_backend, quant, expected):
-    """vLLM 0.33.0's _filter_by_activation: the asked-for scheme's variants first, then the family's
+    """vLLM 0.34.0's _filter_by_activation: the asked-for scheme's variants first, then the family's
     bf16 ones (with a warning); vLLM 0.26.0 refused these."""
     sel = _pick(arch=arch, moe_backend=moe_backend, activation_quant=quant)
     assert sel.chosen.vllm_backend == expected and sel.bf16_fallback
@@ -132,7 +132,7 @@ def test_explicit_aiter_on_gfx942_falls_to_triton():
 
 def test_no_backend_error_lists_every_candidate_gfx942():
     with pytest.raises(NoBackend) as err:
-        _pick(arch="gfx942", moe_backend="aiter", routing="Default")  # vLLM 0.33.0 refuses it too
+        _pick(arch="gfx942", moe_backend="aiter", routing="Default")  # vLLM 0.34.0 refuses it too
     msg = str(err.value)
     for name in MOE_BACKENDS["aiter"]:
         assert f"  {name}: " in msg

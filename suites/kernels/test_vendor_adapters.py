@@ -2,7 +2,7 @@
 of OpenAI triton_kernels out of a vLLM wheel, the pure-torch parts of the triton_kernels and
 FlashInfer adapters (bit matrix, the SM90 layouts of each FlashInfer generation, enum members by
 name), the vLLM layer driver's mapping, and the triton_kernels adapters' opt-flag constraints and
-layouts on each CUDA arch against vLLM 0.33.0's own functions (SM12x's from vLLM's code: no SM12x GPU
+layouts on each CUDA arch against vLLM 0.34.0's own functions (SM12x's from vLLM's code: no SM12x GPU
 ran them). What needs a GPU ran on the H200 (issue 6 note)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mxmoe.harness.contract.convert import Target, convert_weights
 from mxmoe.harness.contract.inputs import make_inputs
 from mxmoe.harness.judge.engine import run_case
 from mxmoe.harness.run.registry import discover
-from mxmoe.harness.upstream.fetch import VendorMissing, extract_triton_kernels
+from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing, extract_triton_kernels
 from mxmoe.harness.upstream.selection import MOE_BACKENDS
 from mxmoe.kernels import flashinfer_common as fic
 from mxmoe.kernels import storage
@@ -384,8 +384,8 @@ def test_triton_kernels_has_what_the_adapters_call_and_reads_our_weights_as_decl
     assert list(swizzled.shape) == [e, h, 2 * i]
 
 
-# --- SM12x (and every CUDA arch): the opt-flag constraints and layouts against vLLM 0.33.0's own code ---
-# vLLM's functions are taken out of its fetched sources (python -m harness fetch vllm --vllm-version 0.33.0)
+# --- SM12x (and every CUDA arch): the opt-flag constraints and layouts against vLLM 0.34.0's own code ---
+# vLLM's functions are taken out of its fetched sources (python -m harness fetch vllm --vllm-version 0.34.0)
 # by name and run here, on a fake CUDA platform of each capability, with triton_kernels' calls recorded:
 # nothing of vLLM is imported. No SM12x GPU ran any of it; these check the settings, not the kernels' results.
 
@@ -395,7 +395,6 @@ _CUDA_CAPS = {"sm90": (9, 0), "sm100": (10, 0), "sm120": (12, 0), "sm121": (12, 
 
 
 def _vllm_source(rel: str) -> Path:
-    from mxmoe.harness.upstream.fetch import NEWEST_VLLM
     from mxmoe.harness.upstream.vllm_drift import vllm_root
 
     return vllm_root(NEWEST_VLLM) / rel
@@ -407,7 +406,7 @@ _needs_vllm_and_tk = pytest.mark.skipif(
         and _vllm_source(_VLLM_TRITON_MOE).is_file()
         and _vllm_source(_VLLM_MXFP4_UTILS).is_file()
     ),
-    reason="needs vLLM 0.33.0's sources and triton_kernels (python -m harness fetch vllm --vllm-version 0.33.0; "
+    reason="needs vLLM 0.34.0's sources and triton_kernels (python -m harness fetch vllm --vllm-version 0.34.0; "
     "python -m harness fetch triton-kernels; ./dev does both without a GPU)",
 )
 
@@ -475,7 +474,7 @@ def recorded_tk(monkeypatch):
 @_needs_vllm_and_tk
 @pytest.mark.parametrize("arch", sorted(_CUDA_CAPS))
 def test_weight_swizzle_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk, monkeypatch):
-    """The adapter's weight conversion on ARCH makes the calls vLLM 0.33.0's ``mxfp4_utils._swizzle_mxfp4``
+    """The adapter's weight conversion on ARCH makes the calls vLLM 0.34.0's ``mxfp4_utils._swizzle_mxfp4``
     makes on a device of that capability (triton_kernels v3.5.1, torch >= 2.8.1): the same opt-flag
     constraints (split_k = 1 on Hopper; is_persistent with epilogue_subtile = 1 on SM10x and SM12x),
     the same layouts and options (Hopper's, else Blackwell's, which SM12x gets too), on the same
@@ -520,7 +519,7 @@ def test_weight_swizzle_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk, mon
 @_needs_vllm_and_tk
 @pytest.mark.parametrize("arch", sorted(_CUDA_CAPS))
 def test_block_m_per_call_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk):
-    """``call_constraints`` against vLLM 0.33.0's ``_constrain_sm12x_block_m`` (with its ``_is_sm12x``,
+    """``call_constraints`` against vLLM 0.34.0's ``_constrain_sm12x_block_m`` (with its ``_is_sm12x``,
     ``_sm12x_block_m`` and ``_SM12X_MAX_BLOCK_M``) on a device of ARCH's capability: block_m pinned
     on SM12x only (sm120, sm121), nothing on sm90 or sm100, for decode to prefill row counts."""
     import functools
@@ -545,9 +544,9 @@ def test_block_m_per_call_is_vllm_0_33_0s_on_each_cuda_arch(arch, recorded_tk):
     assert bool(call_constraints(arch, 64, 4)) == arch.startswith("sm12")
 
 
-@pytest.mark.skipif(not _vllm_source(_VLLM_TRITON_MOE).is_file(), reason="vLLM 0.33.0's sources are not fetched")
+@pytest.mark.skipif(not _vllm_source(_VLLM_TRITON_MOE).is_file(), reason="vLLM 0.34.0's sources are not fetched")
 def test_vllm_pins_block_m_before_the_first_matmul_of_both_triton_paths():
-    """Where vLLM 0.33.0 calls ``_constrain_sm12x_block_m``: with (M * topk, E), before the first
+    """Where vLLM 0.34.0 calls ``_constrain_sm12x_block_m``: with (M * topk, E), before the first
     ``matmul_ogs`` of ``triton_kernel_fused_experts`` (TRITON, both kernel classes) and of
     ``UnfusedOAITritonExperts.apply`` (TRITON_UNFUSED), M the tokens and E the local experts
     (``E, _, N = w1.shape``). The adapters call ``constrain_call`` at the same point (next test)."""
@@ -677,9 +676,10 @@ def test_the_vllm_driver_declines_a_biasless_case_that_vllms_conversion_refuses_
     )
 
 
-VLLM_0_33_0_ROUTING = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm",
+VLLM_ROUTING = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm",
                        "MiniMax2", "Sigmoid", "Unspecified", "DeepseekV4", "Custom", "Simulated")  # fmt: skip
-"""vLLM 0.33.0's ``RoutingMethodType`` members, in its order (``fused_moe/config.py``): no TopKSigmoid."""
+"""vLLM 0.34.0's ``RoutingMethodType`` members, in its order (``fused_moe/config.py``; 0.33.0's are the
+same): no TopKSigmoid."""
 
 
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str, members: tuple[str, ...]) -> None:
@@ -699,18 +699,18 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str, members: tuple[str
 
 def test_the_vllm_driver_maps_every_routing_method_by_name():
     """vLLM names its members as the harness names its routing methods: every one but TopKSigmoid
-    is a member of vLLM 0.33.0's enum (read from its fetched sources where they are here)."""
+    is a member of vLLM 0.34.0's enum (NEWEST_VLLM's, read from its fetched sources where they are here)."""
     import ast
 
     from mxmoe.reference.routing import ROUTING_METHODS
 
-    assert set(ROUTING_METHODS) - set(VLLM_0_33_0_ROUTING) == {"TopKSigmoid"}
+    assert set(ROUTING_METHODS) - set(VLLM_ROUTING) == {"TopKSigmoid"}
     source = _vllm_source("vllm/model_executor/layers/fused_moe/config.py")
     if source.is_file():
         tree = ast.parse(source.read_text())
         enum_class = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "RoutingMethodType")
         members = tuple(t.id for n in enum_class.body if isinstance(n, ast.Assign) for t in n.targets)
-        assert members == VLLM_0_33_0_ROUTING
+        assert members == VLLM_ROUTING
 
 
 def test_the_vllm_driver_names_vllms_member_or_declines_a_routing_vllm_lacks():
@@ -718,18 +718,18 @@ def test_the_vllm_driver_names_vllms_member_or_declines_a_routing_vllm_lacks():
 
     from mxmoe.kernels.vllm_layer import vllm_routing_method
 
-    old = enum.IntEnum("RoutingMethodType", VLLM_0_33_0_ROUTING)
-    assert vllm_routing_method("Sigmoid", old, "0.33.0") is old.Sigmoid
+    old = enum.IntEnum("RoutingMethodType", VLLM_ROUTING)
+    assert vllm_routing_method("Sigmoid", old, NEWEST_VLLM) is old.Sigmoid
     with pytest.raises(BackendUnavailable) as declined:
-        vllm_routing_method("TopKSigmoid", old, "0.33.0")
+        vllm_routing_method("TopKSigmoid", old, NEWEST_VLLM)
     assert str(declined.value) == (
-        f"vLLM 0.33.0's RoutingMethodType has no TopKSigmoid member (it has {', '.join(VLLM_0_33_0_ROUTING)}), "
+        f"vLLM {NEWEST_VLLM}'s RoutingMethodType has no TopKSigmoid member (it has {', '.join(VLLM_ROUTING)}), "
         "so vLLM's layer cannot express routing method TopKSigmoid"
     )
-    later = enum.IntEnum("RoutingMethodType", (*VLLM_0_33_0_ROUTING, "TopKSigmoid"))  # a release that has it
+    later = enum.IntEnum("RoutingMethodType", (*VLLM_ROUTING, "TopKSigmoid"))  # a release that has it
     assert vllm_routing_method("TopKSigmoid", later, "9.9.9") is later.TopKSigmoid
     with pytest.raises(ValueError, match="routing must be one of Default, .*; got 'Softmax'"):
-        vllm_routing_method("Softmax", old, "0.33.0")
+        vllm_routing_method("Softmax", old, NEWEST_VLLM)
 
 
 @pytest.mark.parametrize("driver", ["marlin", "vllm-emulation", "vllm-flashinfer-cutlass-mxfp4-bf16"])
@@ -737,7 +737,7 @@ def test_a_routing_vllm_lacks_is_a_skip_naming_it_never_an_error(driver, monkeyp
     """The H200 nightly's ERROR (KeyError: 'TopKSigmoid' in convert) on every
     small-interleaved-topksigmoid case, for the three vLLM layer backends that declare every routing:
     the driver now declines such a case in convert, a SKIP naming vLLM's release and its members."""
-    _fake_vllm(monkeypatch, "0.33.0", VLLM_0_33_0_ROUTING)
+    _fake_vllm(monkeypatch, NEWEST_VLLM, VLLM_ROUTING)
     cls = next(i.backend for i in LOADED if i.backend.declaration.id == driver).__class__
     arch = "sm90"  # declared by all three, and the driver's decline is the same on every arch:
     monkeypatch.setattr("mxmoe.harness.judge.engine.host_arch", lambda: arch)  # this host stands for one
@@ -747,8 +747,8 @@ def test_a_routing_vllm_lacks_is_a_skip_naming_it_never_an_error(driver, monkeyp
     result, _ = run_case(cls(), case, arch, inputs=make_inputs(case, "cpu"))
     assert (result.outcome, result.traceback) == ("SKIP", ""), result.traceback
     assert result.reason == (
-        f"{driver} cannot run this case: vLLM 0.33.0's RoutingMethodType has no TopKSigmoid member (it has "
-        f"{', '.join(VLLM_0_33_0_ROUTING)}), so vLLM's layer cannot express routing method TopKSigmoid"
+        f"{driver} cannot run this case: vLLM {NEWEST_VLLM}'s RoutingMethodType has no TopKSigmoid member (it has "
+        f"{', '.join(VLLM_ROUTING)}), so vLLM's layer cannot express routing method TopKSigmoid"
     )
 
 
@@ -767,3 +767,38 @@ def test_triton_unfused_cross_tool_layouts() -> None:
     assert torch.equal(adapter.view(torch.int16), vllm_rows.view(torch.int16))
     oracle = tool["oracle_order"](interleaved, tool["VLLM_LAYOUT"]).float()
     assert torch.allclose(oracle, adapter.float(), rtol=2**-7, atol=2**-20)
+
+
+@pytest.mark.parametrize("asked", [None, "0.33.0"])
+def test_the_vllm_driver_boots_the_driven_release_and_its_build_names_it(asked, monkeypatch):
+    """``load`` boots ``driven_release()`` (NEWEST_VLLM, or $MXMOE_VLLM_VERSION) and every result's
+    build names the vLLM release that was imported and the release whose sources the ops were built
+    from: a verdict is never read as another release's."""
+    from mxmoe.harness.upstream import vllm_runtime
+    from mxmoe.harness.upstream.fetch import PREVIOUS_VLLM
+
+    if asked is None:
+        monkeypatch.delenv("MXMOE_VLLM_VERSION", raising=False)
+    else:
+        monkeypatch.setenv("MXMOE_VLLM_VERSION", asked)
+    want = asked or NEWEST_VLLM
+    assert vllm_runtime.driven_release() == want and PREVIOUS_VLLM == "0.33.0"
+    booted = []
+    ops = {"hash": "69c99985f5281723", "recipe": {"vllm": want, "ops": ["_C::gptq_marlin_repack"], "torch": "2.11.0",
+                                                  "nvcc": "13.0"}}  # fmt: skip
+
+    def boot(version, arch):
+        booted.append((version, arch))
+        return {"vllm": version, "source": f"runtime .cache/vllm-runtime-{version}-py3.12", "stubs": [], "ops": ops}
+
+    monkeypatch.setattr(vllm_runtime, "boot", boot)
+    monkeypatch.setattr("mxmoe.harness.contract.platforms.host_arch", lambda: "sm90")
+    monkeypatch.setattr(VendorKernel, "load", lambda self: None)  # the vendor import: no vLLM here
+    cls = next(i.backend for i in LOADED if i.backend.declaration.id == "marlin").__class__
+    driver = cls()
+    driver.load()
+    assert booted == [(want, "sm90")]
+    assert driver.provenance() == (
+        f"vllm {want} (runtime .cache/vllm-runtime-{want}-py3.12); compiled ops from the project's build "
+        f"69c99985f5281723 of vLLM {want}'s sources (_C::gptq_marlin_repack; torch 2.11.0, CUDA 13.0)"
+    )

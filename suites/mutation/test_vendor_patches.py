@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mxmoe.harness.audits.mutation.patched import VENDORS, PatchError, apply, vendor
-from mxmoe.harness.upstream.fetch import VendorMissing
+from mxmoe.harness.upstream.fetch import NEWEST_VLLM, VendorMissing
 from mxmoe.harness.upstream.patches import (
     AITER_PATCHES,
     FLASHINFER_PATCHES,
@@ -112,13 +112,13 @@ def _each_edit_changes_its_line_alone(pkg, patches) -> None:
             assert changed == [(e.old, e.new)], p.slug
 
 
-VLLM_TESTED = "0.33.0"
-"""The vLLM release VLLM_PATCHES are written against."""
+VLLM_TESTED = NEWEST_VLLM
+"""The vLLM release VLLM_PATCHES are written against: the one the runtime carries by default."""
 
 
 def test_every_vllm_patch_applies_to_the_release_it_is_written_for():
-    """Each edit's old line occurs exactly once in vLLM 0.33.0's own sources (``fetch vllm
-    --vllm-version 0.33.0``, the drift check's copy), whatever the runtime at hand is."""
+    """Each edit's old line occurs exactly once in vLLM 0.34.0's own sources (``fetch vllm
+    --vllm-version 0.34.0``, the drift check's copy), whatever the runtime at hand is."""
     from mxmoe.harness.upstream.vllm_drift import vllm_root
 
     pkg = vllm_root(VLLM_TESTED) / "vllm"
@@ -286,3 +286,23 @@ def test_a_patch_is_caught_only_where_every_material_change_fails():
     assert _rows(p, v, recs, base)[0].verdict == "caught"
     recs[2] = _rec("triton-unfused", "c1", "PASS", "x")  # no effect recorded: counted as material
     assert _rows(p, v, recs, base)[1].verdict == "MISSED"
+
+
+def test_vllms_patched_copy_is_of_the_release_the_driver_boots(monkeypatch, tmp_path):
+    """Without an installed vLLM the mutation worker copies the runtime of ``driven_release()``, the
+    release the vLLM driver boots ($MXMOE_VLLM_VERSION, else NEWEST_VLLM): the patched copy put first
+    on the path and the booted runtime are one release."""
+    import importlib.util
+
+    from mxmoe.harness.upstream import vllm_runtime
+
+    unpacked = []
+    monkeypatch.setattr(vllm_runtime, "installed_vllm", lambda: None)
+    monkeypatch.setattr(vllm_runtime, "unpack", lambda version: unpacked.append(version) or tmp_path / version)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setenv("MXMOE_VLLM_VERSION", "0.33.0")
+    assert VENDORS["vllm"].locate() == tmp_path / "0.33.0" / "vllm"
+    monkeypatch.delenv("MXMOE_VLLM_VERSION")
+    assert VENDORS["vllm"].locate() == tmp_path / NEWEST_VLLM / "vllm"
+    assert unpacked == ["0.33.0", NEWEST_VLLM]

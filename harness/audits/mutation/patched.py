@@ -85,10 +85,11 @@ def _aiter_dir() -> Path:
 
 
 def _vllm_dir() -> Path:
-    """vLLM's package folder: an installed vLLM's, else the project's runtime's (unpacked)."""
+    """vLLM's package folder: an installed vLLM's, else the runtime's of the release the driver
+    boots (``driven_release``), unpacked."""
     import importlib.util
 
-    from mxmoe.harness.upstream.vllm_runtime import installed_vllm, unpack
+    from mxmoe.harness.upstream.vllm_runtime import driven_release, installed_vllm, unpack
 
     found = installed_vllm()
     if found is not None:
@@ -96,7 +97,7 @@ def _vllm_dir() -> Path:
     spec = importlib.util.find_spec("vllm")
     if spec is not None and spec.origin:
         return Path(spec.origin).parent
-    return unpack() / "vllm"
+    return unpack(driven_release()) / "vllm"
 
 
 def _flashinfer_dir() -> Path:
