@@ -91,13 +91,18 @@ def _declared() -> dict[str, tuple[str, ...]]:
 
 
 def flashinfer_releases() -> tuple[str, ...]:
-    """The FlashInfer group's releases besides the vLLM pin's (which every job sets up by default,
-    named by no release): the newest PyPI has, where that is another. A user of vLLM runs its pin;
-    one who installs FlashInfer alone gets the newest."""
+    """The FlashInfer group's releases: "" for the one the vLLM under test pins (which every job
+    sets up by default), then the previous vLLM's pin and the newest on PyPI, each where it is
+    another. A user of vLLM runs its pin (or the previous release's, until they upgrade); one who
+    installs FlashInfer alone gets the newest."""
+    from mxmoe.harness.upstream.fetch import PREVIOUS_VLLM
     from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES, resolve
 
-    newest = INDEX_RELEASES[-1]
-    return ("",) if newest == resolve().release else ("", newest)
+    out = [""]
+    for release in (resolve(PREVIOUS_VLLM).release, INDEX_RELEASES[-1]):
+        if release != resolve().release and release not in out:
+            out.append(release)
+    return tuple(out)
 
 
 def jobs(declared: dict[str, tuple[str, ...]] | None = None) -> list[Job]:

@@ -85,8 +85,9 @@ def test_every_gpu_job_sets_up_what_it_judges_with_builds_kept_by_release_torch_
     vendor backend. Each GPU job runs it, after restoring the builds of the nights with its key."""
     import yaml
 
-    from mxmoe.harness.distributed.matrix import CACHE_KEY, SETUP_GPU
-    from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES
+    from mxmoe.harness.distributed.matrix import CACHE_KEY, SETUP_GPU, flashinfer_releases
+    from mxmoe.harness.upstream.fetch import PREVIOUS_VLLM
+    from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES, resolve
 
     gh = yaml.safe_load(FILES["github"][0].read_text())["jobs"]["gpu"]["steps"]
     names = [s.get("uses") or s.get("run") for s in gh]
@@ -102,8 +103,12 @@ def test_every_gpu_job_sets_up_what_it_judges_with_builds_kept_by_release_torch_
     # each job sets up its own FlashInfer release: the pin's by default, the newest in jobs of its own
     include = {j["id"]: j for j in yaml.safe_load(FILES["github"][0].read_text())["jobs"]["gpu"]["strategy"]["matrix"]
                ["include"]}  # fmt: skip
-    newest = INDEX_RELEASES[-1]
     assert include["sm90-flashinfer-1of4"]["setup"] == SETUP_GPU and include["sm90-flashinfer-1of4"]["key"] == CACHE_KEY
+    others = flashinfer_releases()[1:]
+    assert set(others) <= set(INDEX_RELEASES) and resolve().release not in others
+    assert resolve(PREVIOUS_VLLM).release in others + (resolve().release,)
+    assert INDEX_RELEASES[-1] in others + (resolve().release,)
+    newest = others[0]
     tag = newest.replace(".", "_")
     job = include[f"sm90-flashinfer{tag}-1of4"]
     assert job["setup"] == f"{SETUP_GPU} --flashinfer-version {newest}", job
