@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mxmoe.harness.contract.cases import make_case
+from mxmoe.harness.contract.platforms import host_arch
 from mxmoe.harness.judge.engine import run_case
 from mxmoe.harness.run.contention import CompanionFailed, Companions, Contention, _flagged, check_contention
 from mxmoe.harness.run.registry import load_spec
@@ -59,6 +60,21 @@ def test_a_companion_that_cannot_start_fails_the_hunt_saying_why():
             pass
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a companion works on a GPU; this host has none")
+def test_a_companion_starts_on_each_gpu_works_while_called_up_and_ends_with_the_sweep():
+    import time
+
+    companions = Companions("copy", torch.cuda.device_count())
+    with companions as contention:
+        folder = Path(contention.flags)
+        assert all((folder / f"gpu{g}" / "ready").is_file() for g in range(torch.cuda.device_count()))
+        procs = list(companions._procs)
+        with contention.beside(0):
+            time.sleep(0.5)
+        assert all(p.poll() is None for p in procs)  # working, and still there after
+    assert all(p.poll() is not None for p in procs) and not folder.exists()  # gone with the sweep, flags too
+
+
 def test_the_engine_makes_company_around_a_hunted_cases_calls_only():
     loaded = load_spec("mxmoe.kernels.emulation:Emulation")
     entered = []
@@ -71,13 +87,14 @@ def test_the_engine_makes_company_around_a_hunted_cases_calls_only():
         def __exit__(self, *exc: object) -> None:
             entered.append("out")
 
-    result, _ = run_case(loaded.backend, CASE, "cpu", repeat=2, contend=Company)
+    arch = host_arch()
+    result, _ = run_case(loaded.backend, CASE, arch, repeat=2, contend=Company)
     assert result.outcome == "PASS" and result.metrics.runs == 4, result.reason
     assert entered == ["in", "out"] and result.contention == "copy"
     entered.clear()
-    result, _ = run_case(loaded.backend, CASE, "cpu", contend=Company)  # not hunted: no company, none said
+    result, _ = run_case(loaded.backend, CASE, arch, contend=Company)  # not hunted: no company, none said
     assert entered == [] and result.contention == ""
-    result, _ = run_case(loaded.backend, CASE, "cpu", repeat=1)  # hunted without company: says so
+    result, _ = run_case(loaded.backend, CASE, arch, repeat=1)  # hunted without company: says so
     assert result.contention == "none"
 
 
