@@ -132,6 +132,13 @@ def _copy(src: Path, dest: Path) -> tuple[str, ...]:
     return (sys.executable, "-c", code, str(src), str(dest))
 
 
+def kept_release(fi: Resolution, installed: str | None) -> str:
+    """The FlashInfer release a machine ends its set-up with: an installed release stays unless
+    another one was asked for (``--flashinfer-version``), since it may be the one an installed vLLM
+    pins; else ``fi``'s."""
+    return installed if installed and not fi.requested else fi.release
+
+
 def flashinfer_step(host: Host, fi: Resolution, pip: tuple[str, ...]) -> tuple[Step, str | None]:
     """The FlashInfer install, and the release the SM90 subset is then built for (None: none will
     be installed). An installed release stays unless another one was asked for
@@ -147,11 +154,12 @@ def flashinfer_step(host: Host, fi: Resolution, pip: tuple[str, ...]) -> tuple[S
         return Step("flashinfer", what, backends, commands, skip), None
     if host.flashinfer == fi.release:
         return Step("flashinfer", what, backends, commands, f"flashinfer-python {fi.release} is installed"), fi.release
-    if host.flashinfer and not fi.requested:
+    release = kept_release(fi, host.flashinfer)
+    if release != fi.release:
         skip = (f"flashinfer-python {host.flashinfer} is installed (vLLM {fi.vllm} would take {fi.release}: "
                 f"`--flashinfer-version {fi.release}` replaces it)")  # fmt: skip
-        return Step("flashinfer", what, backends, commands, skip), host.flashinfer
-    return Step("flashinfer", what, backends, commands), fi.release
+        return Step("flashinfer", what, backends, commands, skip), release
+    return Step("flashinfer", what, backends, commands), release
 
 
 def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path] | None = None,
@@ -271,9 +279,9 @@ def run(steps: list[Step], log: Callable[[str], None] = print,
 
 def cache_key(arch: str, flashinfer: str) -> str:
     """What a CI cache of the set-up's builds is keyed by (``setup-gpu --cache-key``): the
-    architecture, the FlashInfer release (``flashinfer``: the one the set-up installs and builds for)
-    and the vLLM release built for, and the torch, triton, CUDA or ROCm
-    and Python they were built against. A build made against another torch is not reused: its
+    architecture, the FlashInfer release the set-up ends with (``flashinfer``: ``kept_release``) and
+    the vLLM release it builds for, and the torch, triton, CUDA or ROCm and Python they were built
+    against. A build made against another torch is not reused: its
     compiled ops would load and fail, or not load."""
     import platform
 

@@ -245,3 +245,16 @@ def test_a_subset_build_carried_in_is_reused_not_built_again(tmp_path, monkeypat
     # a module of another FlashInfer release is not this one's: it would be built (not run here: no GPU)
     (so.parent / "build.json").write_text(json.dumps({"flashinfer": "0.0.1"}))
     assert fs.built_record() is None
+
+
+def test_an_installed_flashinfer_stays_unless_another_is_asked_for_and_the_cache_key_names_the_one_kept():
+    """A CI cache keyed by the release the set-up would choose, where it keeps an installed one
+    instead, would file one release's builds under another's name."""
+    from mxmoe.harness.upstream.flashinfer_releases import choose
+    from mxmoe.harness.upstream.gpu_setup import cache_key, kept_release
+
+    default = choose(None, "0.34.0")
+    assert kept_release(default, None) == "0.7.4" and kept_release(default, "0.6.14") == "0.6.14"
+    asked = choose("0.7.2.post1", "0.34.0")
+    assert kept_release(asked, "0.6.14") == "0.7.2.post1"
+    assert "-flashinfer0.6.14-" in cache_key("sm90", kept_release(default, "0.6.14"))
