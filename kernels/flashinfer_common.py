@@ -28,14 +28,15 @@ from mxmoe.harness.contract.backend import BackendUnavailable, VendorKernel
 from mxmoe.harness.contract.convert import Converted, Storage
 from mxmoe.harness.contract.inputs import CaseInputs
 from mxmoe.harness.contract.platforms import host_arch
+from mxmoe.harness.upstream.flashinfer_releases import INDEX_RELEASES
 from mxmoe.kernels import storage
 from mxmoe.reference.moe import round_to
 
 VLLM_PINNED_FLASHINFER = "0.7.2"
 """The FlashInfer release of the newest vLLM checked (vLLM 0.33.0 pins 0.7.2.post1, whose layout
 helpers and SM90 weight interleave kernel are 0.7.2's unchanged)."""
-NEWEST_FLASHINFER = "0.7.4"
-"""The newest FlashInfer release."""
+NEWEST_FLASHINFER = INDEX_RELEASES[-1]
+"""The newest FlashInfer release (the last the set-up's list of PyPI's releases has)."""
 CACHED_FLASHINFERS = (VLLM_PINNED_FLASHINFER, NEWEST_FLASHINFER)
 """The FlashInfer releases whose layout helpers are cross-checked beside the installed one
 (``suites/kernels/test_flashinfer_layouts.py``, each in a subprocess): ``python -m harness fetch

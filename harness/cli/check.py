@@ -141,8 +141,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             ran = [v.result for v in verdicts if v.result.backend == b and v.result.metrics.runs]
             if ran:  # a backend that ran no case here made no call to hunt in
                 calls = [(r.metrics.runs, r.metrics.runs_differing) for r in ran]
-                company = company_of(r.contention for r in ran) if arch != "cpu" else None
-                print("  " + hunt_line(b, arch, calls, rate, declared.get(b, True), company))
+                beside = company_of(r.contention for r in ran) if arch != "cpu" else None
+                print("  " + hunt_line(b, arch, calls, rate, declared.get(b, True), beside))
     print(f"\nresults: {recorder.path}")
     return 1 if bad else 0
 
