@@ -50,7 +50,10 @@ def backend(name: str) -> object:
 RACES = (0.5, 0.999)
 """The race hunt's rate and confidence in these tests' policies (``policy_file``): a rate that three
 cases rule out in a few calls each, so that a production kernel's records carry a hunt of the power
-the policy asks, as a sign-off's do, at a small fraction of its calls."""
+the policy asks, as a sign-off's do, at a small fraction of its calls. ``record_cases`` makes its
+calls without company, and these policies say so (``contention = "none"``): on a GPU host the
+report counts only calls made beside the policy's contention, and these tests are about the other
+rules (the contention's own are in suites/harness/test_race_hunt.py and test_contention.py)."""
 
 
 def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
@@ -91,7 +94,8 @@ def policy_file(tmp: Path, required: list[str], cases: str = "any", waive: list[
     the kernel rules on kernel records alone)."""
     path = tmp / "policy.toml"
     waived = KERNELS_ONLY if waive is None else waive
-    races = "" if "[races]" in extra else f"[races]\nrate = {RACES[0]}\nconfidence = {RACES[1]}\n"
+    races = "" if "[races]" in extra else (f"[races]\nrate = {RACES[0]}\nconfidence = {RACES[1]}\n"
+                                            'contention = "none"\n')
     path.write_text(f"[required]\nbackends = {json.dumps(required)}\ncases = {json.dumps(cases)}\n"
                     f"[evidence]\nwaive = {json.dumps(waived)}\n{races}{extra}")  # fmt: skip
     return path
