@@ -574,7 +574,8 @@ def _race_hunt(backend: str, arch: str, recs: list[dict], policy: Policy, produc
         line = f"{backend} ({arch}): no call beside {CONTENTIONS[company]}: no power against a race"
     if shown is counted and len(counted) < len(judged):
         said = sorted({str(r.get("contention") or "") for r in judged if r not in counted})
-        why = "; ".join("not hunted" if not c else f"hunted beside {CONTENTIONS.get(c, c)}" for c in said)
+        why = "; ".join(f"hunted beside {CONTENTIONS.get(c, c)}" if c else "their two guarded runs alone, not hunted"
+                        for c in said)  # fmt: skip
         line += (f" ({len(judged) - len(counted)} of its {len(judged)} cases not counted, {why}: the policy "
                  f"counts calls beside {CONTENTIONS[company]})")  # fmt: skip
     return {"calls": power, "differing": differing, "cases": len(counted), "contention": company,

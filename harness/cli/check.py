@@ -74,13 +74,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         + f", timeout {args.timeout:g} s per case; results in {recorder.path}\n",
         flush=True,
     )
-    repeat = _hunt_repeats(pairs, arch, args)
+    repeat, said = _hunt_repeats(pairs, arch, args)
     if repeat:
-        by: dict[int, list[str]] = {}
-        for b, n in repeat.items():
-            by.setdefault(n, []).append(b)
-        print("race hunt: " + "; ".join(f"{n} repeats per case: {', '.join(ids)}" for n, ids in by.items()) + "\n",
-              flush=True)  # fmt: skip
+        print("race hunt: " + "; ".join(said) + "\n", flush=True)
     company = args.contention if repeat and share is not None else "none"
     if repeat and share is None and args.contention != "none":
         print(f"race hunt: no GPU here, so its calls have no company (--contention {args.contention} makes "
@@ -93,7 +89,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     sweep = Sweep(
         recorder, workers=workers, timeout=args.timeout, on_verdict=lambda v: progress.add(v.result.outcome),
         diagnose=summarize, gpu_gib=share, gpus=gpus, on_memory=progress.memory,
-        repeat=lambda loaded: repeat.get(loaded.backend.declaration.id, 0),
+        repeat=lambda loaded, case: repeat.get(loaded.backend.declaration.id, {}).get(case.id, 0),
     )  # fmt: skip
     try:
         with Companions(company, gpus) if company != "none" else contextlib.nullcontext() as contention:
@@ -147,26 +143,31 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _hunt_repeats(pairs: list[tuple[Loaded, Case]], arch: str, args: argparse.Namespace) -> dict[str, int]:
-    """The race hunt's repeats per hunted backend id (``--repeat``, or ``--race-power`` over the cases
-    each hunted backend supports here); backends not hunted are left out."""
+def _hunt_repeats(
+    pairs: list[tuple[Loaded, Case]], arch: str, args: argparse.Namespace
+) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """The race hunt's repeats per hunted backend id and case id, over the cases each hunted
+    backend supports here (``--repeat``: that many on each; ``--race-power``: ``races.hunt_plan``),
+    and what they are in words; backends not hunted are left out."""
     import fnmatch
 
-    from mxmoe.harness.run.races import repeats_for
+    from mxmoe.harness.run.races import hunt_plan, plan_line
 
     if not args.repeat and args.race_power is None:
-        return {}
-    hunted: dict[str, int] = {}
+        return {}, []
+    rows: dict[str, dict[str, int]] = {}
     for loaded, case in pairs:
         d = loaded.backend.declaration
         if args.hunt and not any(fnmatch.fnmatchcase(d.id, p) for p in args.hunt):
             continue
-        hunted.setdefault(d.id, 0)
+        mine = rows.setdefault(d.id, {})
         if loaded.backend.supports(case, arch) is None:
-            hunted[d.id] += 1
+            mine[case.id] = case.tokens * case.top_k
     if args.race_power is None:
-        return dict.fromkeys(hunted, args.repeat)
-    return {b: repeats_for(*args.race_power, cases) for b, cases in hunted.items()}
+        return ({b: dict.fromkeys(cases, args.repeat) for b, cases in rows.items()},
+                [f"{args.repeat} repeats per case: {', '.join(rows)}"])  # fmt: skip
+    plans = {b: hunt_plan(*args.race_power, cases) for b, cases in rows.items()}
+    return plans, [plan_line(b, plans[b], rows[b]) for b in plans]
 
 
 def add_selection(p: argparse.ArgumentParser, profile: str) -> None:

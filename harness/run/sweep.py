@@ -483,9 +483,10 @@ class Sweep:
     CPU) admits every case."""
     gpus: int = 1
     """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
-    repeat: Callable[[Loaded], int] = lambda _loaded: 0
-    """The race hunt's repeats for a backend's tests (``engine.run_case``'s ``repeat``): ``check
-    --repeat``, or the sign-off's policy for the backends it hunts races in."""
+    repeat: Callable[[Loaded, Case], int] = lambda _loaded, _case: 0
+    """The race hunt's repeats for a backend's test of a case (``engine.run_case``'s ``repeat``):
+    ``check --repeat``, or the sign-off's policy for the backends it hunts races in
+    (``races.hunt_plan``)."""
     contention: Contention | None = None
     """The race hunt's company on each GPU (``contention.Companions``, started by the caller), which a
     worker calls up around a hunted case's calls; None: the hunt's calls have the GPU to themselves."""
@@ -692,7 +693,7 @@ class Sweep:
                                 start(slot)
                             loaded, case = pairs[index]
                             try:
-                                slot.conn.send((index, loaded.spec, case.to_dict(), arch, self.repeat(loaded)))
+                                slot.conn.send((index, loaded.spec, case.to_dict(), arch, self.repeat(loaded, case)))
                             except (BrokenPipeError, OSError):
                                 slot.group.insert(0, index)  # the idle worker had died: restart it next round
                                 stop(slot)

@@ -112,7 +112,8 @@ def test_on_a_gpu_only_calls_beside_the_policys_contention_count_towards_the_pow
     alone = [_rec("copy", 400), _rec("none", 400), _rec("", 2)]
     hunt = _race_hunt("k", "sm90", alone, policy, True)
     assert hunt["calls"] == 400 and hunt["confidence"] < 0.999, hunt
-    assert "2 of its 3 cases not counted, not hunted; hunted beside no other work on the GPU" in hunt["line"]
+    assert ("2 of its 3 cases not counted, their two guarded runs alone, not hunted; hunted beside no other work "
+            "on the GPU") in hunt["line"], hunt["line"]  # fmt: skip
     # on a CPU there is no GPU to share: every call counts, whatever the records say
     assert _race_hunt("k", "cpu", alone, policy, True)["calls"] == 802
     # a race seen is said, wherever it was seen; it leaves no power

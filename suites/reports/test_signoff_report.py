@@ -59,13 +59,14 @@ rules (the contention's own are in suites/harness/test_race_hunt.py and test_con
 def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
     """What ``check`` does for each case: run it (a production kernel with the race hunt's repeats
     for ``RACES``, as the sign-off's check runs it), keep a reproducer of a FAIL or ERROR, record it."""
-    from mxmoe.harness.run.races import repeats_for
+    from mxmoe.harness.run.races import hunt_plan
 
     d = loaded.backend.declaration
-    repeat = repeats_for(*RACES, len(cases)) if d.kind == "backend" and d.production else 0
+    hunted = d.kind == "backend" and d.production
+    plan = hunt_plan(*RACES, {c.id: c.tokens * c.top_k for c in cases}) if hunted else {}
     rec = Recorder(folder)
     for case in cases:
-        result, inputs = run_case(loaded.backend, case, ARCH, repeat=repeat)
+        result, inputs = run_case(loaded.backend, case, ARCH, repeat=plan.get(case.id, 0))
         repro = None
         if result.outcome in ("FAIL", "ERROR") and inputs is not None:
             repro = save_repro(folder, result, inputs, loaded.spec)
