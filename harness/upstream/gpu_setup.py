@@ -204,7 +204,7 @@ def plan(host: Host, keep_installed: str | None = None, offline: dict[str, Path]
              "no GPU" if not gpu else "importable already" if host.triton_kernels else None),
         fi_step,
         Step("flashinfer-sm90-subset", f"the bf16 x MXFP4 subset of FlashInfer {fi_release}'s SM90 MoE module "
-             "(about 4 minutes at 16 cores, once per FlashInfer release)",
+             "(at 16 cores about 3 minutes for 0.6.14, up to 11 for 0.7.x; once per FlashInfer release)",
              ("flashinfer-cutlass-mxfp4-bf16", "vllm-flashinfer-cutlass-mxfp4-bf16"),
              (_harness("build-flashinfer", "--if-missing", *build_for),),
              "only Hopper's module is built by the project" if arch != "sm90"
