@@ -147,27 +147,31 @@ def _hunt_repeats(
     pairs: list[tuple[Loaded, Case]], arch: str, args: argparse.Namespace
 ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """The race hunt's repeats per hunted backend id and case id, over the cases each hunted
-    backend supports here (``--repeat``: that many on each; ``--race-power``: ``races.hunt_plan``),
-    and what they are in words; backends not hunted are left out."""
+    backend supports here (``--repeat``: that many on each; ``--race-power``: ``races.hunt_plan``,
+    at the production shapes), and what they are in words; backends not hunted are left out."""
     import fnmatch
 
+    from mxmoe.harness.run.profiles import production_cases
     from mxmoe.harness.run.races import hunt_plan, plan_line
 
     if not args.repeat and args.race_power is None:
         return {}, []
-    rows: dict[str, dict[str, int]] = {}
+    cases: dict[str, list[str]] = {}
     for loaded, case in pairs:
         d = loaded.backend.declaration
         if args.hunt and not any(fnmatch.fnmatchcase(d.id, p) for p in args.hunt):
             continue
-        mine = rows.setdefault(d.id, {})
+        mine = cases.setdefault(d.id, [])
         if loaded.backend.supports(case, arch) is None:
-            mine[case.id] = case.tokens * case.top_k
+            mine.append(case.id)
     if args.race_power is None:
-        return ({b: dict.fromkeys(cases, args.repeat) for b, cases in rows.items()},
-                [f"{args.repeat} repeats per case: {', '.join(rows)}"])  # fmt: skip
-    plans = {b: hunt_plan(*args.race_power, cases) for b, cases in rows.items()}
-    return plans, [plan_line(b, plans[b], rows[b]) for b in plans]
+        return ({b: dict.fromkeys(ids, args.repeat) for b, ids in cases.items()},
+                [f"{args.repeat} repeats per case: {', '.join(cases)}"])  # fmt: skip
+    # a sign-off's check (--production-shapes) hunts at the shapes serving runs; any other, over
+    # every case it runs (a pr profile's one gpt-oss decode case is no production sweep)
+    shapes = {c.id for c in production_cases()} if args.production_shapes else set()
+    plans = {b: hunt_plan(*args.race_power, ids, shapes) for b, ids in cases.items()}
+    return plans, [plan_line(b, plans[b], shapes) for b in plans]
 
 
 def add_selection(p: argparse.ArgumentParser, profile: str) -> None:

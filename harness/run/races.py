@@ -11,19 +11,23 @@ difference in ``n`` calls rules out a race of rate ``rate`` or more with confide
 ``log(1 - confidence) / log(1 - rate)`` calls: 688 at 1% and 99.9%.
 
 Where the calls go (``hunt_plan``). Every case's kernel runs twice anyway (the guarded runs,
-compared bit for bit). The hunt's repeats go to the quarter of a kernel's cases with the most
-routed rows (tokens x top-k), evenly, as many as make those cases' calls alone reach the number
-above. A grouped GEMM races on its
-group switches, and a call with more routed rows makes more of them and runs longer beside the
-hunt's company. Measured in a sign-off on an H100, FlashInfer 0.6.14's SM90 kernel (direct and
-through vLLM's layer) beside the copy companion, with the repeats spread evenly over its cases: 4
-of the 204 calls at T >= 4095 differed from their case's first run, and none of the 1,348 calls at
-smaller T. The power stated is over the hunted cases' calls: it rules out a race that corrupts ``rate``
-of the calls at the shapes with the most routed rows. The other cases' two runs still catch a
-race they show, but are not counted towards the power (on a GPU they have no company).
+compared bit for bit). In a check that runs the production shapes (``check --production-shapes``,
+the sign-off's on a GPU; ``profiles.production_cases``: gpt-oss's layers from decode to long
+prefill, and the shapes where races live), the hunt's repeats go evenly to those cases, as many as
+make their calls alone reach the number above: a race is a hazard of the shapes a kernel serves,
+and the power the policy asks for is over calls at those shapes. Any other check, and a kernel
+that runs none of them, spreads its repeats over every case. Measured in a sign-off on an H100,
+FlashInfer 0.6.14's SM90 kernel (direct and through vLLM's layer) beside the copy companion, with
+the repeats spread over every case: 4 of the 204 calls at T >= 4095 differed from their case's
+first run, and none of the 1,348 calls at smaller T, the pr profile's small cases among them.
+Putting every repeat on the heaviest quarter of the cases would meet such a race more often, at
+twice the kernel time (396 s of test time against 184, estimated from that sign-off's records);
+the production shapes alone cost what the even spread did (192 s). The other cases' two runs
+still catch a race they show, but are not counted towards the power (on a GPU they have no
+company).
 
 What this cannot see: a race that needs conditions the hunt does not make (other work on the GPU
-at the same moment, another shape, another clock), a race of small calls alone that their two
+at the same moment, another shape, another clock), a race of the small cases alone that their two
 guarded runs miss, and a corruption that is the same in every call, which is not a race and is
 judged against the bound instead. The independence it assumes across calls is the hunt's
 premise, not a measured fact.
@@ -32,7 +36,7 @@ premise, not a measured fact.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 GUARDED_RUNS = 2
 """The runs every check makes (``engine.guarded_call``) before the hunt's repeats."""
@@ -51,35 +55,29 @@ def calls_needed(rate: float, confidence: float) -> int:
     return math.ceil(math.log1p(-confidence) / math.log1p(-rate))
 
 
-HEAVY_SHARE = 0.25
-"""The share of a hunted kernel's cases, those with the most routed rows, that take its repeats."""
-
-
-def hunt_plan(rate: float, confidence: float, rows: Mapping[str, int]) -> dict[str, int]:
-    """The repeats (beyond the two guarded runs) of each case id of ``rows`` (its routed rows:
-    tokens x top-k): the same number, at least one, on each of the ``HEAVY_SHARE`` of the cases
-    with the most routed rows (ties in id order, so that a plan depends on the cases alone), so
-    that their calls alone reach ``calls_needed``; none on the others. Only calls with repeats
-    run beside the hunt's company on a GPU, and the report counts those there."""
-    plan = dict.fromkeys(rows, 0)
-    if not rows:
-        return plan
-    heavy = sorted(rows, key=lambda c: (-rows[c], c))[: math.ceil(len(rows) * HEAVY_SHARE)]
-    each = max(1, math.ceil(calls_needed(rate, confidence) / len(heavy)) - GUARDED_RUNS)
-    plan.update(dict.fromkeys(heavy, each))
+def hunt_plan(rate: float, confidence: float, cases: Iterable[str], hunt_in: Collection[str]) -> dict[str, int]:
+    """The repeats (beyond the two guarded runs) of each case id of ``cases``: the same number, at
+    least one, on each of those in ``hunt_in`` (the production shapes' ids), so that their calls
+    alone reach ``calls_needed``, and none on the others; on every case where none is in
+    ``hunt_in``. Only calls with repeats run beside the hunt's company on a GPU, and the report
+    counts those there."""
+    plan = dict.fromkeys(cases, 0)
+    hunted = [c for c in plan if c in hunt_in] or list(plan)
+    if hunted:
+        each = max(1, math.ceil(calls_needed(rate, confidence) / len(hunted)) - GUARDED_RUNS)
+        plan.update(dict.fromkeys(hunted, each))
     return plan
 
 
-def plan_line(backend: str, plan: Mapping[str, int], rows: Mapping[str, int]) -> str:
-    """How ``hunt_plan`` placed a backend's calls, in words: the repeats on each heavy case, how
-    many there are and from how many routed rows, and the guarded runs alone on the rest."""
-    heavy = [c for c, n in plan.items() if n]
-    if not heavy:
+def plan_line(backend: str, plan: Mapping[str, int], hunt_in: Collection[str]) -> str:
+    """Where ``hunt_plan`` put a backend's calls, in words."""
+    hunted = [c for c, n in plan.items() if n]
+    if not hunted:
         return f"{backend}: no case here"
-    least = min(rows[c] for c in heavy)
-    rest = len(plan) - len(heavy)
-    return (f"{backend}: {plan[heavy[0]]} repeats on each of its {len(heavy)} cases with the most routed rows "
-            f"(tokens x top-k >= {least})" + (f", the two guarded runs alone on the other {rest}" if rest else ""))
+    where = " at production shapes" if hunted[0] in hunt_in else " (none at production shapes)" if hunt_in else ""
+    rest = len(plan) - len(hunted)
+    return (f"{backend}: {plan[hunted[0]]} repeats on each of its {len(hunted)} cases{where}"
+            + (f", the two guarded runs alone on the other {rest}" if rest else ""))
 
 
 def confidence_from(calls: int, rate: float) -> float:

@@ -26,23 +26,25 @@ def test_the_hunt_makes_the_calls_that_see_a_race_of_the_policys_rate():
             calls_needed(*bad)
 
 
-def test_the_hunts_repeats_go_to_the_quarter_of_the_cases_with_the_most_routed_rows():
-    """Races of grouped GEMMs show where calls switch groups most, so the repeats go to the cases
-    with the most routed rows; their calls alone make the power (the others' two runs have no
-    company on a GPU), ties in id order so that a plan depends on its cases alone."""
-    rows = {f"c{i:02d}": 4 * (i + 1) for i in range(49)}  # c48 the most routed rows
-    plan = hunt_plan(0.01, 0.999, rows)
-    heavy = {c for c, n in plan.items() if n}
-    assert heavy == {f"c{i:02d}" for i in range(36, 49)}  # ceil(49 / 4) = 13 cases
-    assert set(plan.values()) == {0, 51} and 13 * (51 + 2) >= 688 > 13 * (50 + 2)
-    assert plan_line("k", plan, rows) == (
-        "k: 51 repeats on each of its 13 cases with the most routed rows (tokens x top-k >= 148), the two guarded "
-        "runs alone on the other 36")
-    tied = hunt_plan(0.01, 0.999, dict.fromkeys(["b", "a", "c", "d", "e"], 8))
-    assert {c for c, n in tied.items() if n} == {"a", "b"} and tied["a"] == 342  # ceil(688 / 2) - 2
-    many = hunt_plan(0.01, 0.999, {f"c{i}": 1 for i in range(4000)})
-    assert set(many.values()) == {0, 1} and sum(many.values()) == 1000  # always a repeat: company, counted
-    assert hunt_plan(0.01, 0.999, {}) == {}
+def test_a_sign_offs_hunt_puts_its_repeats_at_the_production_shapes():
+    """Where the check runs the production shapes, their calls alone make the power (the others' two
+    runs have no company on a GPU); elsewhere the repeats spread over every case."""
+    ids = [f"c{i:02d}" for i in range(49)]
+    shapes = {f"c{i:02d}" for i in range(0, 49, 4)}  # 13 of them
+    plan = hunt_plan(0.01, 0.999, ids, shapes)
+    assert {c for c, n in plan.items() if n} == shapes and set(plan.values()) == {0, 51}
+    assert 13 * (51 + 2) >= 688 > 13 * (50 + 2)
+    assert plan_line("k", plan, shapes) == (
+        "k: 51 repeats on each of its 13 cases at production shapes, the two guarded runs alone on the other 36")
+    spread = hunt_plan(0.01, 0.999, ids, set())
+    assert set(spread.values()) == {13} and plan_line("k", spread, set()) == "k: 13 repeats on each of its 49 cases"
+    none_here = hunt_plan(0.01, 0.999, ids, {"elsewhere"})
+    assert none_here == spread
+    assert plan_line("k", none_here, {"elsewhere"}) == (
+        "k: 13 repeats on each of its 49 cases (none at production shapes)")
+    many = hunt_plan(0.01, 0.999, [f"c{i}" for i in range(4000)], set())
+    assert set(many.values()) == {1}  # always a repeat: its calls have company, and count
+    assert hunt_plan(0.01, 0.999, [], set()) == {}
 
 
 def test_a_hunt_states_what_it_saw_and_the_power_of_calls_that_agreed():
@@ -110,25 +112,19 @@ def _records(folder: Path) -> list[dict]:
 @pytest.mark.long(120)
 def test_a_race_in_1_of_100_calls_is_caught_by_the_sign_offs_hunt_over_the_pr_profile(tmp_path):
     """``rare_race.RareTileRace`` spoils a tile in about 1 call of 100, unseeded. The sign-off's
-    kernel check (the pr profile, ``--race-power 0.01,0.999``) makes 689 calls of it on its 13
-    cases with the most routed rows and 72 on the other 36, and so misses it with probability
-    0.99^761 = 5e-4: it FAILs, naming the run and the tile. Without the hunt the same check makes
-    98 calls and misses it about 37 times in 100."""
+    kernel check (the pr profile, ``--race-power 0.01,0.999``) makes about 735 calls of it, and so
+    misses it with probability 0.99^735 = 6e-4: it FAILs, naming the run and the tile. Without the
+    hunt the same check makes 98 calls and misses it about 37 times in 100."""
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "check", "--profile", "pr", "--backend-file", f"{RARE}:RareTileRace",
            "--backend", "rare-tile-race", "--race-power", "0.01,0.999", "--results", str(out)]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "race hunt: rare-tile-race: 51 repeats on each of its 13 cases with the most routed rows" in run.stdout, (
-        run.stdout[-3000:])
+    assert "race hunt: rare-tile-race: 13 repeats on each of its 49 cases" in run.stdout, run.stdout[-3000:]
     fails = [r for r in _records(out) if r["outcome"] == "FAIL"]
-    # a hunted case's FAIL names the run; a case with its two guarded runs alone says "two runs"
-    assert fails and all("elements differ between" in r["reason"] for r in fails), fails[:1]
-    hunted = [r for r in fails if r["metrics"]["runs"] == 53]
-    assert all(r["metrics"]["runs"] in (2, 53) for r in fails) and hunted, [r["metrics"]["runs"] for r in fails]
-    m = hunted[0]["metrics"]
-    assert "elements differ between run 1 and run " in hunted[0]["reason"]
-    assert m["runs_differing"] >= 1 and "column tile(s) of 128" in m["differs_where"]
+    assert fails and all("elements differ between run 1 and run " in r["reason"] for r in fails), fails[:1]
+    m = fails[0]["metrics"]
+    assert m["runs"] == 15 and m["runs_differing"] >= 1 and "column tile(s) of 128" in m["differs_where"]
     line = next(ln for ln in run.stdout.splitlines() if ln.strip().startswith("rare-tile-race ("))
     assert "differed from their case's first run" in line and "a race" in line, line
 

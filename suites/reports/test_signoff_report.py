@@ -63,7 +63,7 @@ def record_cases(folder: Path, loaded: object, cases: list = CASES) -> None:
 
     d = loaded.backend.declaration
     hunted = d.kind == "backend" and d.production
-    plan = hunt_plan(*RACES, {c.id: c.tokens * c.top_k for c in cases}) if hunted else {}
+    plan = hunt_plan(*RACES, [c.id for c in cases], set()) if hunted else {}
     rec = Recorder(folder)
     for case in cases:
         result, inputs = run_case(loaded.backend, case, ARCH, repeat=plan.get(case.id, 0))
