@@ -39,13 +39,7 @@ def _cmd_setup_gpu(args: argparse.Namespace) -> int:
         raise UsageError(f"--flashinfer-version: {exc}") from None
     arch = host_arch()
     if args.cache_key:  # alone on standard output: CI reads it
-        from importlib import metadata
-
-        try:
-            installed: str | None = metadata.version("flashinfer-python")
-        except metadata.PackageNotFoundError:
-            installed = None
-        print(gpu_setup.cache_key(arch, gpu_setup.kept_release(fi, installed)))
+        print(gpu_setup.cache_key(arch, gpu_setup.kept_release(fi, gpu_setup.installed_flashinfer())))
         return 0
     print(f"setup-gpu: flashinfer-python {fi.release} for vLLM {fi.vllm}" + (f": {fi.note}" if fi.note else ""))
     steps = gpu_setup.plan(gpu_setup.probe(arch), args.keep_installed, offline, fi)

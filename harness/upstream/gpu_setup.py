@@ -85,15 +85,21 @@ class Step:
     skip: str | None = None
 
 
+def installed_flashinfer() -> str | None:
+    """The flashinfer-python release installed here, or None; read from its metadata, not by
+    importing it (``setup-gpu --cache-key`` prints the key alone, before anything is set up)."""
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def probe(arch: str) -> Host:
     """What this host has, for ``plan``."""
     from mxmoe.harness.upstream import flashinfer_sm90, vllm_ops, vllm_runtime
     from mxmoe.harness.upstream.fetch import VendorMissing, import_triton_kernels
 
-    try:
-        version: str | None = metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        version = None
+    version = installed_flashinfer()
     try:
         import_triton_kernels()
         tk = True
