@@ -6,9 +6,10 @@ arithmetic. A fault stops at its first catch (that is "how many cases it took") 
 ``full``: the control (which must never fire) and the bf16 routing-weights fault (whose catch rate
 is the number to report). Honest variants run every case: any FAIL or ERROR there is a false alarm.
 The sub-bound faults run again on the other arithmetic family (bf16 GEMMs with GEMM1's output in
-bf16, ``faults.ON_BF16_GEMM1``): rows of kind ``measured``, whose catch is reported and never
-required, since below that arithmetic's own roundings a fault may be invisible to any judge that
-never false-alarms. ``full`` runs every fault on every case, for the catch rates of both families.
+bf16, ``faults.ON_BF16_GEMM1``), required as the others are: the judge predicts the mean that
+rounding GEMM1's output adds through the activation (``harness.judge.bounds``), so that arithmetic
+leaves the tests the power they have on float32's. ``full`` runs every fault on every case, for the
+catch rates of both families.
 A module that fails at import (``IMPORT_FAILURE``) is run as the registry's stand-in for it.
 A fault runs only on the cases it can reach (``Mutant.reaches``: a token bucket's fault, only its
 bucket at production shapes); where none of the cases is one, its row says 'not reached': the
@@ -70,8 +71,7 @@ class Row:
     fault: str
     reference: str | None
     kind: str
-    """``mutant``, ``control``, ``honest`` or ``measured`` (a fault whose catch rate is reported, not
-    required)."""
+    """``mutant``, ``control`` or ``honest``."""
     runs: int = 0
     fails: int = 0
     errors: int = 0
@@ -113,8 +113,6 @@ class Row:
             return "not reached" if self.unreached and not self.skips else "NOT RUN"
         if self.kind == "mutant":
             return "caught" if self.caught else "MISSED"
-        if self.kind == "measured":
-            return "caught" if self.caught else "not seen"
         return "FALSE ALARM" if self.caught else "clean"
 
     def to_dict(self) -> dict[str, object]:
@@ -140,7 +138,7 @@ def run_catalogue(cases: list[Case], arch: str = "cpu", log: object = None, full
             row = Row(cls.declaration.id, cls.fault, cls.reference, kind)
             entries.append((cls(), row, cls.full or cls.control or full))
         for cls in ON_BF16_GEMM1:
-            entries.append((cls(), Row(cls.declaration.id, cls.fault, cls.reference, "measured"), cls.full or full))
+            entries.append((cls(), Row(cls.declaration.id, cls.fault, cls.reference, "mutant"), cls.full or full))
         slug, fault, ref = IMPORT_FAILURE
         entries.append((import_failure_backend(Path(tmp)), Row(f"mutant-{slug}", fault, ref, "mutant"), False))
         device = device_for(arch)

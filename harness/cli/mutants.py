@@ -70,7 +70,7 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
         "\ncases to catch: cases run, in profile order, up to the first FAIL or ERROR (a fault stops there, except"
         "\nthe control and routing-weights-bf16, run on every case for their rates); honest variants run every case;"
         "\n(--full: every fault on every case); *-bf16-gemm1: the sub-bound faults again on bf16 GEMMs with GEMM1's"
-        "\noutput in bf16, their catch measured, not required (verdict 'not seen' where no case caught it);"
+        "\noutput in bf16, required as the others are;"
         "\n'not reached': a fault no case of the selection can change (a token bucket's, at production shapes"
         "\nonly: the nightly profile reaches it), run on none;"
         "\nworst z: the systematic-error test's largest z (threshold about 7: harness.judge.systematic);"

@@ -179,6 +179,7 @@ def combined_terms(plan: Plan, exact: SlotTerms | None, owns: list[SlotTerms | N
         ids=exact.ids, slot_out=exact.slot_out, weight=exact.weight,
         intermediate=joined("intermediate"), intermediate_sq=joined("intermediate_sq"),
         variance=sum(here(o.variance) for o in owns) + reduction**2, coherent=sum(here(o.coherent) for o in owns),
+        mean=sum(here(o.mean) for o in owns),
         bias13_effect=joined("bias13_effect") if exact.bias13_effect is not None else None,
     )  # fmt: skip
 

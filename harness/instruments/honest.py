@@ -58,6 +58,19 @@ class HonestBf16Gemm(TorchMoE):
     )
 
 
+class HonestBf16Gemm1(TorchMoE):
+    """float32 GEMMs whose GEMM1 output (plus bias) is stored in bf16, float32 everywhere else and
+    a float32 output: the one rounding whose error the activation's curvature turns into a mean
+    (``harness.judge.bounds._second_order_mean``), alone, for ``rounding_mc``'s Monte Carlo check.
+    Not among ``HONEST``: the catalogue's unfused variant already covers this arithmetic."""
+
+    declaration = _declare(
+        "honest-bf16-gemm1",
+        "fp32 GEMMs, GEMM1 output in bf16, fp32 elsewhere",
+        Precision(gemm1_output="bf16", output=torch.float32),
+    )
+
+
 class HonestBiasAfter(TorchMoE):
     """fp32 GEMMs whose products are stored in bf16 before the bias is added in float32 (GEMM1's
     in the activation, GEMM2's in the combine), float32 routing weights, rows chunked [up; gate]:

@@ -38,9 +38,36 @@ routing weights' error shared by a token's slots, the router weight on the input
 worst-case. The activation's second-order terms are split: their fluctuation, independent across
 the intermediate's elements, is carried by taking the squared ranges at the activation's largest
 slopes over the rigorous error box (McDiarmid's inequality, Hoeffding's tail for a function of
-independent errors), and their mean, which can line up, stays worst-case but is bounded by the
-errors' second moments (``q``), not by their worst case squared. The verdict uses the smaller of
-the two bounds; exceeding only the probabilistic one is reported as such.
+independent errors); their mean, which lines up over GEMM2's sum and over every element a
+projection spans, is predicted where it can be (below) and only what the prediction does not know
+stays worst-case. The verdict uses the smaller of the two bounds; exceeding only the probabilistic
+one is reported as such.
+
+The second-order mean (``_second_order_mean``). With ``f = G(g) S``, ``S = u + beta``, the term
+``G''(xi) dg^2 (S + du) / 2`` has the mean ``G''(g) S E[dg^2] / 2`` up to third order, and
+``E[dg^2]`` is the sum of the variances of ``dg``'s independent parts plus its mean squared. A
+declared rounding of GEMM1's output is one of those parts, and far the largest where it rounds
+to bf16 (2^-9 of the value, against float32 accumulation's 2^-24 of the row's magnitudes).
+Under round-to-nearest, on a value whose place in its cell is uniform (the energy test's model),
+its variance is ``r^2 / 3``, ``r`` the cell's half-ulp: not unknown, so the mean it adds is
+predicted, signed (``SlotTerms.mean``; the tests subtract it from the error before they project
+it). What stays worst-case is what the prediction does not know: the accumulation's roundings
+(each at most its squared range) and the coherent part, at ``alpha (|S| + e_u)(q + l^2) / 4`` as
+before; half the spread of ``r^2 / 3`` where the value's admissible magnitudes span two binades;
+the change of ``G''`` over the error's box (``|G'''|`` is at most ``0.3082 alpha^2``); and the up
+projection's mean times the rounding's variance. Where a clamp's kink lies within the gate's box
+there is no prediction, and every part stays at its largest second moment. A kink within an
+input's box also moves the error's mean by as much as the input passes it on average (``_beyond``:
+at most the rigorous reach, and at most Hoeffding's tail integrated past it), kept worst-case.
+
+What the prediction assumes and cannot see: the uniform place in the cell. A value that lands on
+the bf16 grid more often than chance (an input of few significant bits, summed over few terms)
+rounds with less variance than ``r^2 / 3``, and its mean is then smaller than predicted by at most
+the prediction itself, which the tests would read as an error of that size (at gpt-oss shapes
+about 1e-4 of an element's noise; ``harness.instruments.rounding_mc`` measures the prediction
+against a real kernel of that arithmetic). A rounding other than to nearest (truncation,
+stochastic rounding) has another mean and another variance: a deviation from the declared
+arithmetic, which the tests are there to report.
 """
 
 from __future__ import annotations
@@ -127,16 +154,6 @@ def rounding_bound(point: str, magnitude: torch.Tensor, err: torch.Tensor, mx_ru
     return _half_ulp(magnitude + err, *_IEEE[point])
 
 
-def _bias_add_rounding(p: Precision, point: str, value: torch.Tensor, err: torch.Tensor) -> torch.Tensor | float:
-    """The second rounding of a point whose bias is added to the rounded product in the point's own
-    format (``Precision.bias_add_rounds``: Marlin's bf16 epilogue), at ``value`` (product plus bias)
-    known to within ``err`` (the first rounding's included); 0 where the bias is added exactly. Its
-    own independent error in the probabilistic tier, not a widening of the first."""
-    if not p.bias_add_rounds:
-        return 0.0
-    return rounding_bound(point, value.abs(), err)
-
-
 def _gamma(n: int, u: float) -> float:
     nu = n * (u + _U64)
     return nu / (1.0 - nu)
@@ -166,8 +183,13 @@ class SlotTerms:
     tier's sum, plus the element's final rounding, which is independent across elements)."""
     coherent: torch.Tensor
     """[T, H] per element: the worst-case part (routing-weight errors shared by a token's slots,
-    the activation input's error, the mean of the activation's second-order terms, MXFP8
-    clipping): what may legitimately line up."""
+    the activation input's error, what the prediction of the activation's second-order mean does
+    not know, a clamp's kink, MXFP8 clipping): what may legitimately line up."""
+    mean: torch.Tensor
+    """[T, H] the predicted mean of an honest kernel's error (float64): the activation's
+    second-order term under the declared rounding of GEMM1's output, carried through GEMM2 and the
+    combine. The tests subtract it from the error before they project it; zero where GEMM1's output
+    keeps float64."""
     bias13_effect: torch.Tensor | None = None
     """[T, k, I] the first-order change of each slot's activation per unit of its expert's GEMM1
     bias: ``df/dg * b_gate + df/du * b_up`` at the exact (clamped) point, zero where a clamp binds.
@@ -331,16 +353,272 @@ class ExpertSlots:
         return flat[..., self.padded].sum(-1)
 
 
+_G3 = 0.3082
+"""An upper bound of ``max |G'''(g)| / alpha^2`` for ``G(g) = g sigmoid(alpha g)`` (0.30818, at
+``alpha g`` = 1.03): how fast the activation's curvature can change over an error's box."""
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A quantity of a batch of slots as the bound carries it ([E, n, *] float64): its exact value,
+    a rigorous bound on a kernel's error, the squared ranges of the error's independent parts (the
+    probabilistic tier's sum), its coherent part kept worst-case (``lin``; ``sys`` is the
+    systematic test's, which adds MXFP8 clipping), and the predicted mean of the error (signed:
+    ``_second_order_mean``), which the coherent part is then the error of."""
+
+    value: torch.Tensor
+    err: torch.Tensor
+    sq: torch.Tensor
+    lin: torch.Tensor
+    sys: torch.Tensor
+    mean: torch.Tensor | float = 0.0
+
+
+@dataclass(frozen=True)
+class _Rounded:
+    """What one declared rounding point adds to a value: its rigorous error, its squared range, and
+    the range ``[var_lo, var_hi]`` of its variance under round-to-nearest, where the rounded value's
+    place in its cell is uniform (``r^2 / 3`` at the smallest and at the largest half-ulp the value's
+    admissible magnitudes allow)."""
+
+    err: torch.Tensor
+    sq: torch.Tensor
+    var_lo: torch.Tensor
+    var_hi: torch.Tensor
+
+
+def _gemm1_input(
+    p: Precision, x64: torch.Tensor, x_in: torch.Tensor, tok: torch.Tensor, we: torch.Tensor, ew: torch.Tensor,
+    on_input: bool, u: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The input rows GEMM1 reads and their error. Without the router weight on the input, the
+    oracle's own rounding of x (a correct kernel rounds the same x the same way): no error. With
+    it (Llama4), the product ``w x`` may round differently on the two sides, so both roundings
+    count, with the weight's error."""
+    if not on_input:
+        xe = x_in[tok]
+        return xe, torch.zeros_like(xe)
+    prod = x64[tok] * we
+    xe = round_to(prod, p.activation_input, p.mx_rule)
+    e_x = x64[tok].abs() * ew + u * prod.abs()
+    if p.activation_input != "fp64":
+        e_x = e_x + 2 * rounding_bound(p.activation_input, prod.abs(), e_x, p.mx_rule)
+    return xe, e_x
+
+
+def _accumulated(a: _Carried, w: torch.Tensor, bias: torch.Tensor, u: float) -> _Carried:
+    """``a @ w^T + bias`` accumulated in the declared format: Higham's ``gamma(K + 2)`` on each
+    row's sum of magnitudes (rigorous), one independent rounding per product and per sum (their
+    squared ranges), and the input's errors carried through ``|W|`` (its independent ones through
+    ``|W|^2``, its coherent ones and its mean through ``|W|`` and ``W``: the GEMM is linear)."""
+    mag_w = w.abs().mT
+    n = w.shape[2] + 2
+    value = a.value @ w.mT + bias
+    m = (a.value.abs() + a.err) @ mag_w + bias.abs()
+    mean = a.mean @ w.mT if isinstance(a.mean, torch.Tensor) else 0.0
+    return _Carried(
+        value=value,
+        err=a.err @ mag_w + _gamma(n, u) * m,
+        sq=a.sq @ (mag_w**2) + n * ((u + _U64) * m) ** 2,
+        lin=a.lin @ mag_w,
+        sys=a.sys @ mag_w,
+        mean=mean,
+    )
+
+
+def _declared_rounding(p: Precision, point: str, c: _Carried, bias: torch.Tensor) -> _Rounded | None:
+    """The rounding of a GEMM's output at ``point``: of its product, or of product plus bias
+    (``Precision.bias_after_rounding``), and Marlin's second rounding of the bias add in that format
+    (``Precision.bias_add_rounds``), its own independent error. None where the point keeps float64."""
+    if point == "fp64":
+        return None
+    zero = torch.zeros_like(c.value)
+    rounded = (c.value - bias if p.bias_after_rounding else c.value).abs()
+    r = rounding_bound(point, rounded, c.err)
+    r_lo = rounding_bound(point, torch.clamp(rounded - c.err, min=0.0), zero)
+    if p.bias_add_rounds:
+        value, known = c.value.abs(), c.err + r
+        r_add = rounding_bound(point, value, known)
+        r_add_lo = rounding_bound(point, torch.clamp(value - known, min=0.0), zero)
+    else:
+        r_add = r_add_lo = zero
+    return _Rounded(err=r + r_add, sq=r**2 + r_add**2, var_lo=(r_lo**2 + r_add_lo**2) / 3,
+                    var_hi=(r**2 + r_add**2) / 3)  # fmt: skip
+
+
+def _beyond(distance: torch.Tensor, e: torch.Tensor, q: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
+    """An upper bound of ``E[(X - distance)+]`` for an error X within ``e`` (rigorous) whose
+    independent part has squared ranges ``q`` and whose mean is at most ``lin``: how far, on average,
+    X passes a clamp's kink at ``distance``. At most ``e - distance`` (rigorous), and at most
+    ``integral over t > d of exp(-t^2 / 2q) = sqrt(pi q / 2) erfc(d / sqrt(2q))`` plus ``-d`` where
+    ``d = distance - lin`` is negative (Hoeffding's tail of the independent part)."""
+    reach = torch.clamp(e - distance, min=0.0)
+    d = distance - lin
+    qs = torch.where(q > 0, q, 1.0)
+    tail = torch.sqrt(math.pi * qs / 2) * torch.special.erfc(torch.clamp(d, min=0.0) / torch.sqrt(2 * qs))
+    tail = torch.where(q > 0, tail, 0.0) + torch.clamp(-d, min=0.0)
+    return torch.minimum(reach, tail)
+
+
+def _second_order_mean(
+    g: torch.Tensor, shift: torch.Tensor, e_g: torch.Tensor, e_u: torch.Tensor, q_g: torch.Tensor,
+    acc_g: torch.Tensor, l_g: torch.Tensor, l_u: torch.Tensor, var_lo: torch.Tensor, var_hi: torch.Tensor,
+    smooth: torch.Tensor, alpha: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The mean of the activation's second-order term ``G''(xi) dg^2 (S + du) / 2``, ``S = u + beta``:
+    (its prediction, signed; what bounds the prediction's error, kept worst-case).
+
+    ``E[dg^2]`` is the sum of the variances of ``dg``'s independent parts and its mean squared. The
+    declared rounding of GEMM1's output is one of those parts, and under round-to-nearest its
+    variance is known: ``r^2 / 3`` (``_declared_rounding``), between ``var_lo`` and ``var_hi`` where
+    the value's binade is not. So the mean is predicted, ``G''(g) S (var_lo + var_hi) / 4``, and only
+    what the prediction does not know stays worst-case: the accumulation's roundings (``acc_g``; each
+    at most its squared range) and the mean of ``dg`` (``l_g``), as before; half the binade's spread;
+    the change of ``G''`` over the error's box (``|G'''| <= 0.3082 alpha^2``); and ``E[du]`` (``l_u``)
+    times the rounding's variance. Where a clamp's kink lies within the gate's box (not ``smooth``),
+    no prediction: ``alpha (|S| + e_u)(q_g + l_g^2) / 4`` with every part at its second moment's
+    largest, as for any other arithmetic."""
+    s = torch.sigmoid(alpha * g)
+    g2 = alpha * s * (1 - s) * (2 + alpha * g * (1 - 2 * s))  # G''(g)
+    predicted = 0.25 * g2 * shift * (var_lo + var_hi)
+    second = acc_g + l_g**2  # what E[dg^2] holds besides the rounding's variance, at most
+    spread = 0.25 * alpha * (shift.abs() + e_u) * second + 0.25 * g2.abs() * shift.abs() * (var_hi - var_lo)
+    spread = spread + 0.5 * _G3 * alpha**2 * e_g * (shift.abs() + e_u) * (var_hi + second)
+    spread = spread + 0.5 * g2.abs() * var_hi * l_u
+    worst = 0.25 * alpha * (shift.abs() + e_u) * (q_g + l_g**2)
+    return torch.where(smooth, predicted, 0.0), torch.where(smooth, spread, worst)
+
+
+def _activation(
+    h: _Carried, rounded: _Rounded | None, accumulation: torch.Tensor, layout: str, alpha: float, beta: float,
+    limit: float | None, activation_ulps: float, u: float,
+) -> tuple[_Carried, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """The activation ``f = G(g) (u + beta)``, ``G(g) = g sigmoid(alpha g)``, of GEMM1's output ``h``
+    (rounded as ``rounded`` says; ``accumulation``: the squared ranges of its accumulation's
+    roundings), with the clamps of ``limit``; and its slopes ``(df/dg, df/du)`` at the exact point,
+    zero where a clamp binds (``SlotTerms.bias13_effect``).
+
+    Rigorous: ``|df/dg| E_g + |df/du| E_u + E_g E_u |G'| + E_g^2 (|S| + E_u) alpha / 4``, plus the
+    evaluation's own error. Probabilistic (docs/bound.md, "The activation's second-order terms"):
+    each elementary error moves the activation by at most its range times the largest slope over
+    the box the rigorous errors allow (McDiarmid's inequality, Hoeffding's tail), so the squared
+    ranges are taken at those slopes; the second-order terms' mean is predicted where it can be
+    (``_second_order_mean``). Where a clamp binds even at the far end of every admissible error,
+    the clamped value is the limit itself, exactly: that input's errors reach nothing after it. Where
+    a clamp's kink lies within an input's box, the error's mean moves by as much as the input passes
+    the kink on average (``_beyond``), kept worst-case."""
+    g, up = split_gate_up(h.value, layout)
+    e_g, e_u = split_gate_up(h.err, layout)
+    q_g, q_u = split_gate_up(h.sq, layout)
+    l_g, l_u = split_gate_up(h.lin, layout)
+    acc_g = split_gate_up(accumulation, layout)[0]
+    zero = torch.zeros_like(g)
+    var_lo, var_hi = (zero, zero) if rounded is None else (
+        split_gate_up(rounded.var_lo, layout)[0], split_gate_up(rounded.var_hi, layout)[0])  # fmt: skip
+    kink_g = kink_u = zero
+    smooth = torch.ones_like(g, dtype=torch.bool)
+    free_g = free_u = None
+    if limit:
+        free_g, free_u = g <= limit, up.abs() <= limit  # where the clamps pass a change of the bias
+        held_g, held_u = g - e_g >= limit, up.abs() - e_u >= limit
+        gate = (e_g, q_g, l_g, acc_g, var_lo, var_hi)
+        e_g, q_g, l_g, acc_g, var_lo, var_hi = (torch.where(held_g, 0.0, v) for v in gate)
+        e_u, q_u, l_u = (torch.where(held_u, 0.0, v) for v in (e_u, q_u, l_u))
+        kink_g = _beyond((limit - g).abs(), e_g, q_g, l_g)
+        kink_u = _beyond((limit - up).abs(), e_u, q_u, l_u) + _beyond((limit + up).abs(), e_u, q_u, l_u)
+        smooth = (limit - g).abs() >= e_g
+        g, up = torch.clamp(g, max=limit), torch.clamp(up, min=-limit, max=limit)
+    s = torch.sigmoid(alpha * g)
+    gated = g * s
+    d_gated = s * (1 + alpha * g * (1 - s))  # G'(g)
+    shift = up + beta
+    a = gated * shift
+    dg, du = d_gated.abs() * shift.abs(), gated.abs()
+    second = d_gated.abs() * e_g * e_u + 0.5 * alpha * e_g**2 * (shift.abs() + e_u)  # |G''| <= alpha / 2
+    evaluation = activation_ulps * u * gated.abs() * (up.abs() + abs(beta))
+    slope_g = d_gated.abs() + 0.5 * alpha * e_g  # |G'| over the box
+    dg_box, du_box = slope_g * (shift.abs() + e_u), gated.abs() + slope_g * e_g
+    mean, spread = _second_order_mean(g, shift, e_g, e_u, q_g, acc_g, l_g, l_u + kink_u, var_lo, var_hi, smooth, alpha)
+    coherent = dg * l_g + du * l_u + d_gated.abs() * l_g * l_u + spread + dg_box * kink_g + du_box * kink_u
+    out = _Carried(
+        value=a,
+        err=dg * e_g + du * e_u + second + evaluation,
+        sq=dg_box**2 * q_g + du_box**2 * q_u + evaluation**2,
+        lin=coherent,
+        sys=coherent,
+        mean=mean,
+    )
+    dfg, dfu = d_gated * shift, gated
+    if free_g is not None:
+        dfg, dfu = dfg * free_g, dfu * free_u
+    return out, (dfg, dfu)
+
+
+def _rounded_intermediate(p: Precision, a: _Carried) -> _Carried:
+    """The activation as GEMM2 reads it. An MXFP8 intermediate is rounded by the oracle too
+    (``_mx_intermediate``); its cells are too coarse for the mean of the error before the rounding
+    to say what the mean after it is, so the predicted mean joins the coherent part there. Any
+    other declared rounding adds an independent error, mean zero."""
+    if p.intermediate == "mxfp8":
+        moved = a.mean.abs() if isinstance(a.mean, torch.Tensor) else 0.0
+        value, err, sq, lin, sys = _mx_intermediate(a.value, a.err, a.sq, a.lin + moved, a.sys + moved, p.mx_rule)
+        return _Carried(value, err, sq, lin, sys)
+    if p.intermediate == "fp64":
+        return a
+    r = rounding_bound(p.intermediate, a.value.abs(), a.err, p.mx_rule)
+    return dataclasses.replace(a, err=a.err + r, sq=a.sq + r**2)
+
+
+def _with_rounding(c: _Carried, rounded: _Rounded | None) -> _Carried:
+    """``c`` with a declared rounding's error added (independent, mean zero)."""
+    if rounded is None:
+        return c
+    return dataclasses.replace(c, err=c.err + rounded.err, sq=c.sq + rounded.sq)
+
+
+def _combined(
+    p: Precision, k: int, u: float, val: torch.Tensor, err: torch.Tensor, mag: torch.Tensor, sq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k sum of each token's slots ([T, k, H]): (rigorous error, squared independent
+    ranges) of the sum before the output's final rounding. A ``bf16`` combine rounds each slot's
+    weighted output, then each of the k - 1 partial sums (at most the sum of magnitudes), every one
+    an independent rounding of its element; a ``bf16-terms`` sum is float32's after the slots'
+    roundings, which the k + 1 roundings of the sum count."""
+    combine_err = combine_sq = torch.zeros_like(val[:, 0])
+    if p.combine in ("bf16", "bf16-terms"):
+        r_slot = rounding_bound("bf16", mag, err)
+        err, mag, sq = err + r_slot, mag + r_slot, sq + r_slot**2
+        if p.combine == "bf16":
+            r_sum = rounding_bound("bf16", mag.sum(1), err.sum(1))
+            combine_err, combine_sq = (k - 1) * r_sum, (k - 1) * r_sum**2
+    rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1) + combine_err
+    return rigorous, sq.sum(1) + (k + 1) * ((u + _U64) * mag.sum(1)) ** 2 + combine_sq
+
+
+def _final_rounding(point: str, out: torch.Tensor, rigorous: torch.Tensor) -> torch.Tensor:
+    """The element's own final rounding to the output's format: one error, not a sum, so worst case
+    in both tiers. Half an ulp of the output format plus half an fp32 ulp covers a result rounded
+    through fp32 first."""
+    final = rounding_bound(point, out.abs(), rigorous)
+    if point in ("bf16", "fp16"):
+        final = final + rounding_bound("fp32", out.abs(), rigorous)
+    return final
+
+
 def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
-    """The oracle's output for ``inputs`` and the per-element bound for ``arithmetic``."""
+    """The oracle's output for ``inputs`` and the per-element bound for ``arithmetic``: the layer
+    recomputed slot by slot with every declared error carried (``_Carried``) through GEMM1
+    (``_accumulated``), its output's rounding (``_declared_rounding``), the activation
+    (``_activation``), the intermediate's rounding (``_rounded_intermediate``), GEMM2, the expert
+    output's rounding, the routing weights, the combine (``_combined``) and the final rounding
+    (``_final_rounding``)."""
     case = inputs.case
     p = arithmetic.precision
     u = ACCUMULATORS[arithmetic.accumulate]
     w = inputs.weights
     on_input = case.routing == "Llama4"
-    kw = inputs.routing_kwargs
     ref = inputs.reference(oracle_precision(arithmetic))
-    routing = route(inputs.router_logits, case.top_k, case.routing, **kw)
+    routing = route(inputs.router_logits, case.top_k, case.routing, **inputs.routing_kwargs)
     t, k, hidden = case.tokens, case.top_k, w.hidden_size
     dev = inputs.x.device
     ids = routing.ids
@@ -360,6 +638,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     sq = torch.zeros_like(val)  # probabilistic tier: sum of squared independent error ranges
     lin = torch.zeros_like(val)  # probabilistic tier: the parts kept worst-case
     coh = torch.zeros_like(val)  # lin's counterpart for the systematic test, summed over each token's slots
+    mean = torch.zeros_like(val)  # the predicted mean of each slot's error
     # kept for harness.judge.systematic, in float32: directions and sizes to 1e-7 are plenty for a test
     # whose threshold is z ~ 7, and DeepSeek-V3 at T=4096 holds 1.9 GB per tensor even so
     act = torch.zeros(flat_n + 1, w.intermediate_size, dtype=torch.float32, device=dev)
@@ -395,98 +674,37 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             b2 = torch.zeros(len(chunk), 1, w2.shape[1], dtype=torch.float64, device=dev)
         else:
             b2 = w.w2_bias[chunk].double().unsqueeze(1)  # [E, 1, H]
-        if on_input:
-            prod = x64[tok] * we
-            xe = round_to(prod, p.activation_input, p.mx_rule)
-            e_x = x64[tok].abs() * ew + u * prod.abs()
-            if p.activation_input != "fp64":  # both sides round w x, possibly to neighbours
-                e_x = e_x + 2 * rounding_bound(p.activation_input, prod.abs(), e_x, p.mx_rule)
-        else:
-            xe = x_in[tok]
-            e_x = torch.zeros_like(xe)
-        a1 = w1.abs().mT
-        h = xe @ w1.mT + b1
-        m1 = (xe.abs() + e_x) @ a1 + b1.abs()
-        l_h = e_x @ a1  # an error of x reaches every row: coherent, kept worst-case
-        e_h = l_h + _gamma(w1.shape[2] + 2, u) * m1
-        q_h = (w1.shape[2] + 2) * ((u + _U64) * m1) ** 2  # one rounding per product and per sum
-        if p.gemm1_output != "fp64":  # what is rounded: the product, or product plus bias
-            r = rounding_bound(p.gemm1_output, (h - b1 if p.bias_after_rounding else h).abs(), e_h)
-            r_add = _bias_add_rounding(p, p.gemm1_output, h, e_h + r)
-            e_h, q_h = e_h + r + r_add, q_h + r**2 + r_add**2
-        g, up = split_gate_up(h, w.w13_layout)
-        e_g, e_u = split_gate_up(e_h, w.w13_layout)
-        q_g, q_u = split_gate_up(q_h, w.w13_layout)
-        l_g, l_u = split_gate_up(l_h, w.w13_layout)
-        free_g = free_u = None
-        if limit:
-            free_g, free_u = g <= limit, up.abs() <= limit  # where the clamps pass a change of the bias
-            # Where a clamp binds even at the far end of every admissible error, the clamped value is
-            # the limit itself, exactly: that input's errors reach nothing after it (in both tiers).
-            held_g, held_u = g - e_g >= limit, up.abs() - e_u >= limit
-            e_g, q_g, l_g = (torch.where(held_g, 0.0, v) for v in (e_g, q_g, l_g))
-            e_u, q_u, l_u = (torch.where(held_u, 0.0, v) for v in (e_u, q_u, l_u))
-            g, up = torch.clamp(g, max=limit), torch.clamp(up, min=-limit, max=limit)
-        s = torch.sigmoid(alpha * g)
-        gated = g * s
-        d_gated = s * (1 + alpha * g * (1 - s))  # d/dg of g sigmoid(alpha g)
-        shift = up + beta
-        a = gated * shift
-        dg, du = d_gated.abs() * shift.abs(), gated.abs()
-        second = d_gated.abs() * e_g * e_u + 0.5 * alpha * e_g**2 * (shift.abs() + e_u)  # |d2/dg2| <= alpha/2
-        evaluation = arithmetic.activation_ulps * u * gated.abs() * (up.abs() + abs(beta))
-        e_a = dg * e_g + du * e_u + second + evaluation
-        # The probabilistic tier splits the second-order terms into their mean and their
-        # fluctuation (docs/bound.md, "The activation's second-order terms"). The fluctuation is
-        # independent across the intermediate's elements: each elementary error moves the
-        # activation by at most its largest slope over the box the rigorous errors allow
-        # (McDiarmid's inequality, the same tail as Hoeffding's), so the squared ranges are taken
-        # at those slopes. The mean lines up over GEMM2's sum and stays worst-case, bounded by the
-        # errors' second moments (at most their squared ranges q), not by their worst case squared.
-        slope_g = d_gated.abs() + 0.5 * alpha * e_g  # |G'| over the box: |G''| <= alpha / 2
-        dg_box, du_box = slope_g * (shift.abs() + e_u), gated.abs() + slope_g * e_g
-        q_a = dg_box**2 * q_g + du_box**2 * q_u + evaluation**2
-        mean2 = d_gated.abs() * l_g * l_u + 0.25 * alpha * (shift.abs() + e_u) * (q_g + l_g**2)
-        l_a = dg * l_g + du * l_u + mean2
-        l_a_sys = l_a  # harness.judge.systematic: the same coherent part
-        if p.intermediate == "mxfp8":  # the oracle rounds it too (oracle_precision)
-            a, e_a, q_a, l_a, l_a_sys = _mx_intermediate(a, e_a, q_a, l_a, l_a_sys, p.mx_rule)
-        elif p.intermediate != "fp64":
-            r = rounding_bound(p.intermediate, a.abs(), e_a, p.mx_rule)
-            e_a, q_a = e_a + r, q_a + r**2
-        a2 = w2.abs().mT
-        y = a @ w2.mT + b2
-        m2 = (a.abs() + e_a) @ a2 + b2.abs()
-        e_y = e_a @ a2 + _gamma(w2.shape[2] + 2, u) * m2
-        q_y = q_a @ (a2**2) + (w2.shape[2] + 2) * ((u + _U64) * m2) ** 2
-        l_y = l_a @ a2
-        l_y_sys = l_a_sys @ a2
-        if p.expert_output != "fp64":
-            r = rounding_bound(p.expert_output, (y - b2 if p.bias_after_rounding else y).abs(), e_y)
-            r_add = _bias_add_rounding(p, p.expert_output, y, e_y + r)
-            e_y, q_y = e_y + r + r_add, q_y + r**2 + r_add**2
+        xe, e_x = _gemm1_input(p, x64, x_in, tok, we, ew, on_input, u)
+        # an error of x reaches every row: coherent, kept worst-case
+        h = _accumulated(_Carried(xe, e_x, torch.zeros_like(xe), e_x, e_x), w1, b1, u)
+        accumulation = h.sq
+        rounded = _declared_rounding(p, p.gemm1_output, h, b1)
+        a, (dfg, dfu) = _activation(_with_rounding(h, rounded), rounded, accumulation, w.w13_layout, alpha, beta,
+                                    limit, arithmetic.activation_ulps, u)  # fmt: skip
+        a = _rounded_intermediate(p, a)
+        y = _accumulated(a, w2, b2, u)
+        y = _with_rounding(y, _declared_rounding(p, p.expert_output, y, b2))
         rows = torch.where(valid, idx, flat_n)  # each routed slot once; padding to the spare row
-        act[rows], act_sq[rows] = a.float(), q_a.float()
+        act[rows], act_sq[rows] = a.value.float(), a.sq.float()
         if bias13 is not None:
-            bg, bu = split_gate_up(b1.expand(-1, a.shape[1], -1), w.w13_layout)
-            dfg, dfu = d_gated * shift, gated  # df/dg and df/du of f = g sigmoid(alpha g) (u + beta)
-            if free_g is not None:
-                dfg, dfu = dfg * free_g, dfu * free_u
+            bg, bu = split_gate_up(b1.expand(-1, a.value.shape[1], -1), w.w13_layout)
             bias13[rows] = (dfg * bg + dfu * bu).float()
+        y_mean = y.mean if isinstance(y.mean, torch.Tensor) else torch.zeros_like(y.value)
         if on_input:
-            val[rows], err[rows], mag[rows] = y, e_y, y.abs() + e_y
-            sq[rows], lin[rows], coh[rows] = q_y, l_y, l_y_sys
+            val[rows], err[rows], mag[rows] = y.value, y.err, y.value.abs() + y.err
+            sq[rows], lin[rows], coh[rows], mean[rows] = y.sq, y.lin, y.sys, y_mean
             factor[rows] = 1.0
         else:
             factor[rows] = we.squeeze(-1)
-            val[rows] = we * y
-            err[rows] = we.abs() * e_y + ew * (y.abs() + e_y)
-            mag[rows] = (we.abs() + ew) * (y.abs() + e_y)
+            val[rows] = we * y.value
+            err[rows] = we.abs() * y.err + ew * (y.value.abs() + y.err)
+            mag[rows] = (we.abs() + ew) * (y.value.abs() + y.err)
             # A token's routing weights come from one softmax: their errors are shared, worst-case.
-            sq[rows] = we**2 * q_y
-            lin[rows] = we.abs() * l_y + ew * (y.abs() + e_y)
-            coh[rows] = we.abs() * l_y_sys + ew * (y.abs() + e_y)
-    val, err, mag, sq, lin, coh = (v[:flat_n].reshape(t, k, hidden) for v in (val, err, mag, sq, lin, coh))
+            sq[rows] = we**2 * y.sq
+            lin[rows] = we.abs() * y.lin + ew * (y.value.abs() + y.err)
+            coh[rows] = we.abs() * y.sys + ew * (y.value.abs() + y.err)
+            mean[rows] = we * y_mean
+    val, err, mag, sq, lin, coh, mean = (v[:flat_n].reshape(t, k, hidden) for v in (val, err, mag, sq, lin, coh, mean))
     inter = w.intermediate_size
     act, act_sq = act[:flat_n].reshape(t, k, inter), act_sq[:flat_n].reshape(t, k, inter)
     bias13 = None if bias13 is None else bias13[:flat_n].reshape(t, k, inter)
@@ -497,30 +715,12 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
     for j in range(k):
         coherent = coherent + coh.gather(1, by_expert[:, j, None, None].expand(-1, 1, hidden)).squeeze(1)
     out = val.sum(1)
-    point = _DTYPE_POINT[p.output]
-    if p.combine in ("bf16", "bf16-terms"):
-        # each slot's weighted output rounded to bf16, then (bf16) each of the k - 1 partial sums
-        # (at most the sum of magnitudes): every one an independent rounding of its element. A
-        # ``bf16-terms`` sum is float32's, which the k + 1 roundings below already count.
-        r_slot = rounding_bound("bf16", mag, err)
-        err, mag, sq = err + r_slot, mag + r_slot, sq + r_slot**2
-        if p.combine == "bf16":
-            r_sum = rounding_bound("bf16", mag.sum(1), err.sum(1))
-            combine_err, combine_sq = (k - 1) * r_sum, (k - 1) * r_sum**2
-        else:
-            combine_err = combine_sq = torch.zeros_like(out)
-    else:
-        combine_err = combine_sq = torch.zeros_like(out)
-    rigorous = err.sum(1) + _gamma(k + 1, u) * mag.sum(1) + combine_err
-    q_out = sq.sum(1) + (k + 1) * ((u + _U64) * mag.sum(1)) ** 2 + combine_sq
-    probabilistic = LAMBDA * q_out.sqrt() + lin.sum(1)
-    # The element's own final rounding is one error, not a sum: worst case in both tiers. Half an
-    # ulp of the output format plus half an fp32 ulp covers a result rounded through fp32 first.
-    final = rounding_bound(point, out.abs(), rigorous)
-    if point in ("bf16", "fp16"):
-        final = final + rounding_bound("fp32", out.abs(), rigorous)
+    shift = mean.sum(1)
+    rigorous, q_out = _combined(p, k, u, val, err, mag, sq)
+    final = _final_rounding(_DTYPE_POINT[p.output], out, rigorous)
     rigorous = rigorous + final
-    probabilistic = probabilistic + final
+    # the predicted mean enters as its size: the bound stays centred on the exact layer
+    probabilistic = LAMBDA * q_out.sqrt() + lin.sum(1) + shift.abs() + final
     # The bound's own pass recomputes the layer: it must agree with the oracle, or the two code
     # paths disagree about the math and neither the bound nor the verdict can be trusted.
     scale = mag.sum(1)
@@ -534,6 +734,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         intermediate_sq=act_sq,
         variance=q_out + final**2,
         coherent=coherent,
+        mean=shift,
         bias13_effect=bias13,
     )
     return Bounded(ref=ref, rigorous=rigorous, probabilistic=probabilistic, terms=terms)

@@ -182,7 +182,7 @@ def systematic_test(
     terms = bounded.terms
     if terms is None or got.numel() == 0:
         return None
-    err = got.to(torch.float64) - bounded.ref
+    err = got.to(torch.float64) - bounded.ref - terms.mean  # less its predicted mean (SlotTerms.mean)
     if not bool(torch.isfinite(err).all()):
         return None
     t, k, hidden = terms.slot_out.shape
@@ -670,7 +670,7 @@ def energy_test(weights: MoEWeights, bounded: Bounded, got: torch.Tensor, alpha:
     terms = bounded.terms
     if terms is None or got.numel() == 0:
         return None
-    err = got.to(torch.float64) - bounded.ref
+    err = got.to(torch.float64) - bounded.ref - terms.mean  # less its predicted mean (SlotTerms.mean)
     if not bool(torch.isfinite(err).all()):
         return None
     predicted = _predicted(weights, bounded, alpha)

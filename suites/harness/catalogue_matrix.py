@@ -23,7 +23,9 @@ def check_matrix(path: Path, rc: int) -> None:
     # every fault of the catalogue the PR profile reaches is caught by it, FAIL or ERROR as fits; a
     # token bucket's fault at production shapes is reached by no PR case, run on none, and says so
     faults = [r for r in rows.values() if r["kind"] == "mutant"]
-    assert len(faults) == len(MUTANTS) - 1 + 1  # the control is not a fault; the import failure is one
+    # the control is not a fault; the import failure is one; the sub-bound faults run on both families
+    assert len(faults) == len(MUTANTS) - 1 + 1 + len(ON_BF16_GEMM1)
+    assert {c.declaration.id for c in ON_BF16_GEMM1} <= {r["id"] for r in faults}
     unreached = [r for r in faults if r["verdict"] == "not reached"]
     assert [r["id"] for r in unreached] == ["mutant-bucket-3-4"], [r["id"] for r in unreached]
     assert unreached[0]["runs"] == 0 and unreached[0]["unreached"] == n
@@ -45,14 +47,6 @@ def check_matrix(path: Path, rc: int) -> None:
     r = rows["mutant-routing-weights-bf16"]
     assert r["runs"] + r["skips"] == n
     assert 0 < r["fails"] < r["runs"]
-
-    # the sub-bound faults on the bf16-GEMM1 family: run, their catch measured (never a bad verdict);
-    # where one is caught, by a FAIL, never an ERROR
-    measured = [r for r in rows.values() if r["kind"] == "measured"]
-    assert sorted(r["id"] for r in measured) == sorted(c.declaration.id for c in ON_BF16_GEMM1)
-    for r in measured:
-        assert r["runs"] > 0 and r["errors"] == r["harness_errors"] == 0, (r["id"], r["failure"])
-        assert r["verdict"] == ("caught" if r["fails"] else "not seen"), r["id"]
 
     # vLLM's 80%-within-0.3 rule lets several of these through (docs/peers.md); all are caught here
     assert all(set(r["peer_catches"]) == {"vllm_80pct_0p3", "triton_kernels"} for r in rows.values() if r["runs"])
