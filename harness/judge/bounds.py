@@ -476,8 +476,8 @@ def _second_order_mean(
     at most its squared range) and the mean of ``dg`` (``l_g``), as before; half the binade's spread;
     the change of ``G''`` over the error's box (``|G'''| <= 0.3082 alpha^2``); and ``E[du]`` (``l_u``)
     times the rounding's variance. Where a clamp's kink lies within the gate's box (not ``smooth``),
-    no prediction: ``alpha (|S| + e_u)(q_g + l_g^2) / 4`` with every part at its second moment's
-    largest, as for any other arithmetic."""
+    or where that leaves more than no prediction would, no prediction: ``alpha (|S| + e_u)(q_g +
+    l_g^2) / 4`` with every part at its second moment's largest, as for any other arithmetic."""
     s = torch.sigmoid(alpha * g)
     g2 = alpha * s * (1 - s) * (2 + alpha * g * (1 - 2 * s))  # G''(g)
     predicted = 0.25 * g2 * shift * (var_lo + var_hi)
@@ -486,7 +486,10 @@ def _second_order_mean(
     spread = spread + 0.5 * _G3 * alpha**2 * e_g * (shift.abs() + e_u) * (var_hi + second)
     spread = spread + 0.5 * g2.abs() * var_hi * l_u
     worst = 0.25 * alpha * (shift.abs() + e_u) * (q_g + l_g**2)
-    return torch.where(smooth, predicted, 0.0), torch.where(smooth, spread, worst)
+    # Either pair is a valid one: keep the prediction where what it leaves is the smaller (a large
+    # rigorous box, wide inputs', can make the change of G'' over it the larger term)
+    use = smooth & (spread < worst)
+    return torch.where(use, predicted, 0.0), torch.where(use, spread, worst)
 
 
 def _activation(
