@@ -35,7 +35,7 @@ from mxmoe.harness.contract.cases import Case
 from mxmoe.harness.contract.inputs import CaseInputs, make_inputs
 from mxmoe.harness.instruments.honest import HonestBf16Gemm1
 from mxmoe.harness.judge.bounds import Bounded, reference_and_bound
-from mxmoe.reference.activation import split_gate_up
+from mxmoe.reference.activation import gated_activation, split_gate_up
 from mxmoe.reference.moe import round_to
 from mxmoe.reference.mxfp4 import dequantize_mxfp4
 
@@ -89,16 +89,17 @@ def _second_order(inputs: CaseInputs, bounded: Bounded) -> torch.Tensor:
         kernel = round_to(kernel.double(), "bf16")
         g, up = split_gate_up(exact, w.w13_layout)
         gk, uk = split_gate_up(kernel, w.w13_layout)
+        free_g = free_u = torch.ones_like(g)
         if limit is not None:
             free_g, free_u = (g <= limit).double(), (up.abs() <= limit).double()
             g, up = g.clamp(max=limit), up.clamp(min=-limit, max=limit)
             gk, uk = gk.clamp(max=limit), uk.clamp(min=-limit, max=limit)
-        else:
-            free_g = free_u = torch.ones_like(g)
         s = torch.sigmoid(alpha * g)
-        gated, d_gated = g * s, s * (1 + alpha * g * (1 - s))
+        gated, d_gated = g * s, s * (1 + alpha * g * (1 - s))  # G(g), G'(g) at the exact (clamped) point
         first = d_gated * (up + beta) * (gk - g) * free_g + gated * (uk - up) * free_u
-        second = gk * torch.sigmoid(alpha * gk) * (uk + beta) - gated * (up + beta) - first
+        change = (gated_activation(kernel, case.activation, w.w13_layout, alpha, beta, limit)
+                  - gated_activation(exact, case.activation, w.w13_layout, alpha, beta, limit))  # fmt: skip
+        second = change - first
         weight = terms.weight[tok, slot].unsqueeze(1)
         out.index_add_(0, tok, weight * (second @ w2.T))
     return out

@@ -563,7 +563,7 @@ def _rounded_intermediate(p: Precision, a: _Carried) -> _Carried:
     to say what the mean after it is, so the predicted mean joins the coherent part there. Any
     other declared rounding adds an independent error, mean zero."""
     if p.intermediate == "mxfp8":
-        moved = a.mean.abs() if isinstance(a.mean, torch.Tensor) else 0.0
+        moved = abs(a.mean)
         value, err, sq, lin, sys = _mx_intermediate(a.value, a.err, a.sq, a.lin + moved, a.sys + moved, p.mx_rule)
         return _Carried(value, err, sq, lin, sys)
     if p.intermediate == "fp64":
@@ -692,10 +692,9 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
         if bias13 is not None:
             bg, bu = split_gate_up(b1.expand(-1, a.value.shape[1], -1), w.w13_layout)
             bias13[rows] = (dfg * bg + dfu * bu).float()
-        y_mean = y.mean if isinstance(y.mean, torch.Tensor) else torch.zeros_like(y.value)
         if on_input:
             val[rows], err[rows], mag[rows] = y.value, y.err, y.value.abs() + y.err
-            sq[rows], lin[rows], coh[rows], mean[rows] = y.sq, y.lin, y.sys, y_mean
+            sq[rows], lin[rows], coh[rows], mean[rows] = y.sq, y.lin, y.sys, y.mean
             factor[rows] = 1.0
         else:
             factor[rows] = we.squeeze(-1)
@@ -706,7 +705,7 @@ def reference_and_bound(inputs: CaseInputs, arithmetic: Arithmetic) -> Bounded:
             sq[rows] = we**2 * y.sq
             lin[rows] = we.abs() * y.lin + ew * (y.value.abs() + y.err)
             coh[rows] = we.abs() * y.sys + ew * (y.value.abs() + y.err)
-            mean[rows] = we * y_mean
+            mean[rows] = we * y.mean
     val, err, mag, sq, lin, coh, mean = (v[:flat_n].reshape(t, k, hidden) for v in (val, err, mag, sq, lin, coh, mean))
     inter = w.intermediate_size
     act, act_sq = act[:flat_n].reshape(t, k, inter), act_sq[:flat_n].reshape(t, k, inter)
