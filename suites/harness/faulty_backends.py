@@ -74,9 +74,21 @@ class WhereRanB(WhereRan):
     declaration = _declare("where-ran-b", "honest fp32, noting its worker's pid")
 
 
+def _company(path: str, named: set[str]) -> bool:
+    """Whether a case not in ``named`` has started in a process other than this one."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.split() for line in f]
+    return any(w == "start" and case not in named and int(pid) != os.getpid() for w, case, _t, pid in lines)
+
+
 class Occupies(TorchMoE):
     """Honest, and slow: each run sleeps 0.2 s between two lines ``start|end case time pid`` it
-    appends to $MXMOE_TEST_WHERE_RAN, so that a test sees which cases ran at the same time."""
+    appends to $MXMOE_TEST_WHERE_RAN, so that a test sees which cases ran at the same time.
+
+    A case named in $MXMOE_TEST_AWAIT_COMPANY (ids, comma-separated) also waits, up to 60 s, until
+    a case not named there has started in another process: whether two cases overlap then depends
+    on the sweep's admission alone, not on how fast the other workers start up (on a loaded host
+    one worker could otherwise run every case before the others were up)."""
 
     declaration = _declare("occupies", "honest fp32, 0.2 s per run, noting when")
 
@@ -85,6 +97,10 @@ class Occupies(TorchMoE):
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"start {inputs.case.id} {time.time()} {os.getpid()}\n")
         time.sleep(0.2)
+        named = set(filter(None, os.environ.get("MXMOE_TEST_AWAIT_COMPANY", "").split(",")))
+        deadline = time.monotonic() + 60
+        while inputs.case.id in named and time.monotonic() < deadline and not _company(path, named):
+            time.sleep(0.05)
         super().run(prepared, inputs, out)
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"end {inputs.case.id} {time.time()} {os.getpid()}\n")
