@@ -4,6 +4,7 @@ clean; with ``--vendor``, a vendor's real kernels patched (``harness.audits.muta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -31,8 +32,9 @@ def _cmd_mutants(args: argparse.Namespace) -> int:
         if args.full:
             raise UsageError("--full is the catalogue's (every fault on every case); a vendor's patches run every case")
         return _vendor_mutants(args, arch, cases)
-    if args.patch:
-        raise UsageError("--patch names patches of a vendor: give --vendor too")
+    if args.patch or args.backend:
+        which = "--patch" if args.patch else "--backend"
+        raise UsageError(f"{which} names a vendor's patches or adapters: give --vendor too")
     print(f"mutants: the catalogue and the honest variants, profile {args.profile} ({len(cases)} cases)\n", flush=True)
     rows = run_catalogue(cases, arch, full=args.full)
 
@@ -104,6 +106,12 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
         v = vendor(args.vendor)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.backend:  # a patch of one adapter's preparation (vLLM's MARLIN) need not run the other six
+        unknown = sorted(set(args.backend) - set(v.backends))
+        if unknown:
+            names = ", ".join(v.backends)
+            raise UsageError(f"--backend must name adapters of {v.name}: {names}; got {', '.join(unknown)}")
+        v = dataclasses.replace(v, backends=tuple(b for b in v.backends if b in args.backend))
     interpreted = arch == "cpu" and v.interpret_as is not None
     if interpreted:  # harness.audits.mutation.interpret: that architecture's code path, under Triton's interpreter
         arch = v.interpret_as
@@ -185,6 +193,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="run every fault on every case (catch rates; by default a fault stops at its first catch)",
     )  # fmt: skip
     p.add_argument("--patch", action="append", default=[], help="with --vendor: only these patches (repeatable)")
+    p.add_argument(
+        "--backend", action="append", default=[], metavar="ADAPTER",
+        help="with --vendor: only these of its adapters, the control's included (repeatable; default all of them)",
+    )  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="with --vendor: patched copies run at once (default 1)")
     p.add_argument(
         "--tactics", default="default", metavar="default|all|NAME,...",

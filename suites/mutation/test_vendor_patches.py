@@ -41,6 +41,29 @@ def test_patch_and_vendor_reject_unknown_names():
         vendor("cutlass")
 
 
+def test_backend_picks_the_vendors_adapters_the_control_included(monkeypatch, tmp_path, capsys):
+    """``mutants --vendor V --backend B`` runs the control and the patches through B alone (a patch
+    of MARLIN's weight preparation need not run six other adapters); a name that is not V's adapter,
+    or --backend without --vendor, is refused naming the accepted values."""
+    from mxmoe.harness.audits.mutation import patched
+    from mxmoe.harness.cli.app import main
+
+    ran = []
+    monkeypatch.setattr(patched, "run_vendor", lambda v, *a, **k: ran.append(v.backends) or [])
+    out = str(tmp_path / "m.json")
+    base = ["mutants", "--vendor", "vllm", "--case", "tiny-interleaved-t7", "--json", out]
+    assert main([*base, "--backend", "marlin", "--patch", "marlin-w2-bias-unpermuted"]) == 0
+    assert ran == [("marlin",)]
+    with pytest.raises(SystemExit, match="2"):
+        main([*base, "--backend", "cutlass"])
+    accepted = ", ".join(vendor("vllm").backends)
+    assert f"--backend must name adapters of vllm: {accepted}; got cutlass" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["mutants", "--case", "tiny-interleaved-t7", "--backend", "marlin", "--json", out])
+    assert "--backend names a vendor's patches or adapters: give --vendor too" in capsys.readouterr().err
+    assert len(ran) == 1
+
+
 def test_the_vllm_patches_are_one_line_edits_of_its_weight_preparation_run_by_its_layer_and_the_adapters():
     """vLLM's patches change its Python weight preparation, one line per file; the vendor runs them
     through vLLM's layer (``vllm-X``) and through the direct adapter of each same kernel (``X``),
