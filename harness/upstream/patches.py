@@ -3,8 +3,9 @@
 Each patch is one bug. Where a vendor has the same line in two kernel variants (triton_kernels'
 ``_matmul_ogs`` and its persistent twin ``_p_matmul_ogs``), the patch carries the same one-line
 change for each, so the bug is there whichever variant the kernel's heuristics pick. The old line
-must occur exactly once in its file (``apply``): a vendor update that moves it is an error naming
-the file and the line, not a silently unpatched run.
+must occur exactly once in its file (``apply``), or exactly once after an anchor line that itself
+occurs once (``Edit.after``: where a release passes the same argument in two calls): a vendor
+update that moves it is an error naming the file and the line, not a silently unpatched run.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ CATEGORIES = ("activation", "bias", "routing-weight", "scale", "layout", "routin
 @dataclass(frozen=True)
 class Edit:
     """Replace the line ``old`` (exact, indentation included) of ``file`` (relative to the
-    package folder) with ``new``."""
+    package folder) with ``new``; with ``after``, the first ``old`` after that line."""
 
     file: str
     old: str
     new: str
+    after: str = ""
+    """A line that occurs once in the file; ``old`` is then the first of its lines after it (a
+    FlashInfer 0.7 wrapper passes each argument twice, to its custom op and from it to the runner)."""
 
 
 class PatchError(ValueError):
@@ -33,7 +37,22 @@ def replace_line(text: str, edit: Edit, what: str) -> str:
     line must occur exactly once: a vendor release that moved or doubled it is a PatchError naming
     ``what`` (the patch or build), the file and the line, never a silently unedited file."""
     lines = text.split("\n")
-    hits = [i for i, line in enumerate(lines) if line == edit.old]
+    start = 0
+    if edit.after:
+        anchors = [i for i, line in enumerate(lines) if line == edit.after]
+        if len(anchors) != 1:
+            raise PatchError(
+                f"{what}: the anchor line {edit.after.strip()!r} occurs {len(anchors)} times in {edit.file} "
+                "(exactly once expected: another vendor release?)"
+            )
+        start = anchors[0] + 1
+        after = [i for i, line in enumerate(lines[start:], start) if line == edit.old]
+        hits = after[:1]
+        if not hits:
+            raise PatchError(f"{what}: the line {edit.old.strip()!r} does not occur after {edit.after.strip()!r} "
+                             f"in {edit.file} (another vendor release?)")  # fmt: skip
+    else:
+        hits = [i for i, line in enumerate(lines) if line == edit.old]
     if len(hits) != 1:
         raise PatchError(
             f"{what}: the line {edit.old.strip()!r} occurs {len(hits)} times in {edit.file} "
@@ -335,24 +354,27 @@ VLLM_PATCHES: tuple[Patch, ...] = (
 
 
 _FC = "fused_moe/core.py"
+_RUN_MOE = "        run_moe("
 FLASHINFER_PATCHES: tuple[Patch, ...] = (
-    # One-line bugs in FlashInfer 0.6.14's Python wrapper of its CUTLASS MoE (``cutlass_fused_moe``,
-    # the call into the compiled runner): each changes what the kernel is handed, under every tactic.
+    # One-line bugs in FlashInfer's Python wrapper of its CUTLASS MoE (``cutlass_fused_moe``), in its
+    # call into the compiled runner (``run_moe``, once in 0.6.14, 0.7.2.post1 and 0.7.4; 0.7 also
+    # passes each argument on to its custom op first): each changes what the kernel is handed, under
+    # every tactic.
     Patch(
         "fc2-bias-dropped", "bias", "the second GEMM's bias not handed to the kernel",
-        (Edit(_FC, "            fc2_expert_biases,", "            None,"),),
+        (Edit(_FC, "            fc2_expert_biases,", "            None,", _RUN_MOE),),
     ),
     Patch(
         "swiglu-limit-dropped", "activation", "swigluoai's clamp limit not handed to the kernel (no clamp)",
-        (Edit(_FC, "            swiglu_limit,", "            None,"),),
+        (Edit(_FC, "            swiglu_limit,", "            None,", _RUN_MOE),),
     ),
     Patch(
         "swiglu-alpha-dropped", "activation", "swigluoai's alpha not handed to the kernel (its default instead)",
-        (Edit(_FC, "            swiglu_alpha,", "            None,"),),
+        (Edit(_FC, "            swiglu_alpha,", "            None,", _RUN_MOE),),
     ),
     Patch(
         "routing-weights-ignored", "routing-weight", "every chosen expert combined with weight 1",
-        (Edit(_FC, "            token_final_scales,", "            torch.ones_like(token_final_scales),"),),
+        (Edit(_FC, "            token_final_scales,", "            torch.ones_like(token_final_scales),", _RUN_MOE),),
     ),
 )  # fmt: skip
 """The patches of ``mutants --vendor flashinfer`` (GPU only: the kernel is SM90 CUDA). With

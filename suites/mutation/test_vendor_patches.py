@@ -88,26 +88,36 @@ def test_every_vendor_runs_registered_backends(name):
     assert set(VENDORS[name].backends) <= registered, set(VENDORS[name].backends) - registered
 
 
-FLASHINFER_TESTED = "0.6.14"
-"""The FlashInfer release FLASHINFER_PATCHES are written against (the one ``./dev`` installs)."""
+FLASHINFER_WRITTEN_FOR = ("0.6.14", "0.7.2", "0.7.2.post1", "0.7.4")
+"""The FlashInfer releases FLASHINFER_PATCHES are written against: the one ``./dev`` installs on a
+host without a GPU, vLLM 0.33.0's pin and the newest (a GPU host installs the one its vLLM pins)."""
 
 
-def test_every_flashinfer_patch_applies_to_the_release_it_is_written_for_and_runs_under_each_tactic():
-    """Each edit's old line occurs exactly once in the installed FlashInfer 0.6.14's wrapper, and
-    patching the file changes that line alone (as vLLM's are checked; copying the package per patch
-    is the generic test's); the vendor runs the direct adapter, whose declared tactics ``--tactics
-    all`` adds as rows of their own."""
-    from mxmoe.kernels.flashinfer_common import installed_version
+def test_every_flashinfer_patch_applies_to_each_release_it_is_written_for_and_runs_under_each_tactic():
+    """Each edit's old line occurs once in the wrapper's call into the runner, and patching the
+    file changes that line alone (as vLLM's are checked; copying the package per patch is the
+    generic test's), in the installed FlashInfer and in each release ``./dev`` caches beside it
+    (``CACHED_FLASHINFERS``); the vendor runs the direct adapter, whose declared tactics
+    ``--tactics all`` adds as rows of their own."""
+    from mxmoe.harness.upstream.fetch import flashinfer_root
+    from mxmoe.kernels.flashinfer_common import CACHED_FLASHINFERS, installed_version
     from mxmoe.kernels.flashinfer_cutlass_mxfp4_bf16 import FlashInferCutlassMxfp4Bf16
 
     v = VENDORS["flashinfer"]
     assert (v.package, v.patches, v.backends) == ("flashinfer", FLASHINFER_PATCHES, ("flashinfer-cutlass-mxfp4-bf16",))
     assert len(FlashInferCutlassMxfp4Bf16.declaration.tactics) == 24
-    if installed_version() != FLASHINFER_TESTED:
-        pytest.skip(f"FlashInfer {installed_version()} is installed, not {FLASHINFER_TESTED} "
-                    f"(./dev test installs {FLASHINFER_TESTED} on a host without a GPU)")  # fmt: skip
-    pkg = v.locate()
-    _each_edit_changes_its_line_alone(pkg, FLASHINFER_PATCHES)
+    packages = {installed_version(): v.locate()} if installed_version() in FLASHINFER_WRITTEN_FOR else {}
+    for version in CACHED_FLASHINFERS:
+        if (flashinfer_root(version) / "flashinfer" / "fused_moe" / "core.py").is_file():
+            packages.setdefault(version, flashinfer_root(version) / "flashinfer")
+    if not packages:
+        cached = ", ".join(CACHED_FLASHINFERS)
+        pytest.skip(f"no FlashInfer release the patches are written for is here (installed: {installed_version()}): "
+                    f"./dev test installs 0.6.14 on a host without a GPU and caches {cached} "
+                    "(python -m harness fetch flashinfer --flashinfer-version V)")  # fmt: skip
+    for version, pkg in packages.items():
+        assert version in FLASHINFER_WRITTEN_FOR, version
+        _each_edit_changes_its_line_alone(pkg, FLASHINFER_PATCHES)
 
 
 def test_a_vendor_that_runs_nowhere_here_says_each_reason_once():
@@ -157,6 +167,7 @@ def _package(tmp_path: Path) -> Path:
     (src / "__init__.py").write_text("")
     (src / "sub" / "k.py").write_text("def f(x):\n    y = x + 1\n    return y\n")
     (src / "sub" / "twice.py").write_text("    a = 1\n    a = 1\n")
+    (src / "sub" / "calls.py").write_text("g(\n    b,\n)\nrun(\n    b,\n)\n")
     return src
 
 
@@ -171,12 +182,25 @@ def test_apply_copies_then_changes_exactly_one_line(tmp_path):
     ).read_text()
 
 
+def test_an_anchored_edit_changes_the_first_line_after_its_anchor(tmp_path):
+    """A line that occurs twice (an argument passed in two calls) is edited in the call after the
+    anchor, the other left as it is."""
+    src = _package(tmp_path)
+    patch = Patch("b-dropped", "bias", "?", (Edit("sub/calls.py", "    b,", "    None,", "run("),))
+    root = apply(src, tmp_path / "copy", "pkg", patch)
+    assert (root / "pkg" / "sub" / "calls.py").read_text() == "g(\n    b,\n)\nrun(\n    None,\n)\n"
+    with pytest.raises(PatchError, match="occurs 2 times in sub/calls.py"):
+        apply(src, tmp_path / "plain", "pkg", Patch("p", "bias", "?", (Edit("sub/calls.py", "    b,", "    None,"),)))
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
         (Edit("sub/k.py", "    y = x + 3", "    y = 0"), "occurs 0 times in sub/k.py"),
         (Edit("sub/twice.py", "    a = 1", "    a = 2"), "occurs 2 times in sub/twice.py"),
         (Edit("sub/gone.py", "x", "y"), "sub/gone.py is not in"),
+        (Edit("sub/calls.py", "    b,", "    None,", "gone("), "anchor line 'gone\\(' occurs 0 times in sub/calls.py"),
+        (Edit("sub/calls.py", "    c,", "    None,", "run("), "'c,' does not occur after 'run\\(' in sub/calls.py"),
     ],
 )
 def test_a_patch_that_does_not_apply_exactly_names_file_and_line(tmp_path, edit, message):
