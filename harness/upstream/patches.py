@@ -34,10 +34,10 @@ class PatchError(ValueError):
 
 def replace_line(text: str, edit: Edit, what: str) -> str:
     """``text`` (the content of ``edit.file``) with ``edit.old`` replaced by ``edit.new``. The old
-    line must occur exactly once: a vendor release that moved or doubled it is a PatchError naming
-    ``what`` (the patch or build), the file and the line, never a silently unedited file."""
+    line must occur exactly once (with ``edit.after``: its anchor once, and the old line after it):
+    a vendor release that moved or doubled it is a PatchError naming ``what`` (the patch or build),
+    the file and the line, never a silently unedited file."""
     lines = text.split("\n")
-    start = 0
     if edit.after:
         anchors = [i for i, line in enumerate(lines) if line == edit.after]
         if len(anchors) != 1:
@@ -45,19 +45,17 @@ def replace_line(text: str, edit: Edit, what: str) -> str:
                 f"{what}: the anchor line {edit.after.strip()!r} occurs {len(anchors)} times in {edit.file} "
                 "(exactly once expected: another vendor release?)"
             )
-        start = anchors[0] + 1
-        after = [i for i, line in enumerate(lines[start:], start) if line == edit.old]
-        hits = after[:1]
+        hits = [i for i, line in enumerate(lines) if i > anchors[0] and line == edit.old][:1]
         if not hits:
             raise PatchError(f"{what}: the line {edit.old.strip()!r} does not occur after {edit.after.strip()!r} "
                              f"in {edit.file} (another vendor release?)")  # fmt: skip
     else:
         hits = [i for i, line in enumerate(lines) if line == edit.old]
-    if len(hits) != 1:
-        raise PatchError(
-            f"{what}: the line {edit.old.strip()!r} occurs {len(hits)} times in {edit.file} "
-            "(exactly once expected: another vendor release?)"
-        )
+        if len(hits) != 1:
+            raise PatchError(
+                f"{what}: the line {edit.old.strip()!r} occurs {len(hits)} times in {edit.file} "
+                "(exactly once expected: another vendor release?)"
+            )
     lines[hits[0]] = edit.new
     return "\n".join(lines)
 

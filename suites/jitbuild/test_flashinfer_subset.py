@@ -18,6 +18,9 @@ fi = pytest.importorskip("flashinfer", reason="flashinfer-python is not installe
 
 from mxmoe.harness.upstream import flashinfer_sm90 as fs  # noqa: E402
 
+ANOTHER_RELEASE = "0.7.4" if fi.__version__ != "0.7.4" else "0.6.14"
+"""A FlashInfer release other than the installed one (whichever that is)."""
+
 
 @pytest.fixture
 def subset(tmp_path, monkeypatch):
@@ -144,14 +147,13 @@ def test_builds_of_several_releases_lie_side_by_side_and_only_the_installed_ones
     monkeypatch.setattr(core, "gen_cutlass_fused_moe_sm90_module", core.gen_cutlass_fused_moe_sm90_module)
     here = fs.build_root()
     assert here == tmp_path / "flashinfer-jit" / fi.__version__
-    elsewhere = "0.7.4" if fi.__version__ != "0.7.4" else "0.6.14"
-    other = here.parent / elsewhere
-    _fake_build(other, elsewhere)
+    other = here.parent / ANOTHER_RELEASE
+    _fake_build(other, ANOTHER_RELEASE)
     assert fs.install() is None  # the other release's build, in its own folder, is not this release's
     _fake_build(here, fi.__version__)
     assert fs.install()["flashinfer"] == fi.__version__ and fs.built_record(other) is None
     # a build.json that names another release, in this release's folder, is not loaded either
-    (fs.module_path().parent / "build.json").write_text(json.dumps({"flashinfer": elsewhere}))
+    (fs.module_path().parent / "build.json").write_text(json.dumps({"flashinfer": ANOTHER_RELEASE}))
     assert fs.built_record() is None
 
 
@@ -186,9 +188,8 @@ def test_a_flashinfer_imported_from_elsewhere_than_the_installed_release_is_refu
     from mxmoe.harness.contract.backend import BackendUnavailable
     from mxmoe.kernels import flashinfer_common
 
-    imported = "0.7.4" if fi.__version__ != "0.7.4" else "0.6.14"
-    monkeypatch.setattr(fi, "__version__", imported)
-    said = rf"the imported flashinfer is {re.escape(imported)} but flashinfer-python .* is "
+    monkeypatch.setattr(fi, "__version__", ANOTHER_RELEASE)
+    said = rf"the imported flashinfer is {re.escape(ANOTHER_RELEASE)} but flashinfer-python .* is "
     with pytest.raises(BackendUnavailable, match=said):
         flashinfer_common.require_compiled("fused_moe_90", "flashinfer-cutlass-mxfp4-bf16")
 
