@@ -40,7 +40,8 @@ BIAS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 class Storage:
     """One invertible storage step. ``forward(t, role)`` rearranges tensor ``role``;
     ``inverse(t, role, shape)`` gives back the tensor of ``shape`` it came from. Both must be
-    pure: bytes are moved, zero padding may be added, nothing else."""
+    pure: bits are moved (whole bytes, nibbles or single bits), zero padding may be added,
+    nothing else."""
 
     name: str
     roles: tuple[str, ...]
