@@ -116,7 +116,8 @@ def _vendor_mutants(args: argparse.Namespace, arch: str, cases: list) -> int:
     if interpreted:  # harness.audits.mutation.interpret: that architecture's code path, under Triton's interpreter
         arch = v.interpret_as
     where = f"{arch}, interpreted on this cpu" if interpreted else arch
-    print(f"mutants --vendor {v.name}: {len(v.patches)} patches x adapters {', '.join(v.backends)} on {where}, "
+    patches = len(set(args.patch)) if args.patch else len(v.patches)  # what runs, not what the vendor has
+    print(f"mutants --vendor {v.name}: {patches} patches x adapters {', '.join(v.backends)} on {where}, "
           f"profile {args.profile} ({len(cases)} cases)\n", flush=True)  # fmt: skip
     from mxmoe.harness.upstream.fetch import VendorMissing
 

@@ -44,7 +44,8 @@ def test_patch_and_vendor_reject_unknown_names():
 def test_backend_picks_the_vendors_adapters_the_control_included(monkeypatch, tmp_path, capsys):
     """``mutants --vendor V --backend B`` runs the control and the patches through B alone (a patch
     of MARLIN's weight preparation need not run six other adapters); a name that is not V's adapter,
-    or --backend without --vendor, is refused naming the accepted values."""
+    or --backend without --vendor, is refused naming the accepted values. The header counts the
+    patches that run (``--patch``), not every patch the vendor has."""
     from mxmoe.harness.audits.mutation import patched
     from mxmoe.harness.cli.app import main
 
@@ -54,6 +55,7 @@ def test_backend_picks_the_vendors_adapters_the_control_included(monkeypatch, tm
     base = ["mutants", "--vendor", "vllm", "--case", "tiny-interleaved-t7", "--json", out]
     assert main([*base, "--backend", "marlin", "--patch", "marlin-w2-bias-unpermuted"]) == 0
     assert ran == [("marlin",)]
+    assert "mutants --vendor vllm: 1 patches x adapters marlin on " in capsys.readouterr().out  # what runs
     with pytest.raises(SystemExit, match="2"):
         main([*base, "--backend", "cutlass"])
     accepted = ", ".join(vendor("vllm").backends)
