@@ -100,6 +100,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(sweep.time_line(), file=sys.stderr, flush=True)
+    memory = sweep.memory_line()
+    if memory:
+        print(memory, file=sys.stderr, flush=True)
     rows = []
     for loaded in backends:
         mine = [v for v in verdicts if v.loaded is loaded]

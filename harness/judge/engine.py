@@ -59,24 +59,39 @@ class StageClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.raised: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        """GiB by which each stage raised the device's allocated peak (torch's, on CUDA; 0 elsewhere):
+        on a GPU shared by a sweep's workers, memory, not arithmetic, decides how many cases run at
+        once, and this names the stage that sets a test's peak (``Result.device_peak_parts``)."""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Charge the time inside the block to ``name`` (one of ``STAGES``)."""
+        """Charge the time inside the block to ``name`` (one of ``STAGES``), and what it raised the
+        device's allocated peak by."""
         if name not in self.seconds:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {name!r}")
         _synchronize()
+        peak = _device_peak()
         start = time.perf_counter()
         try:
             yield
         finally:
             _synchronize()
             self.seconds[name] += time.perf_counter() - start
+            if peak is not None:
+                self.raised[name] += (_device_peak() - peak) / (1 << 30)
 
 
 def _synchronize() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def _device_peak() -> int | None:
+    """torch's allocated peak on the current CUDA device (bytes); None without one in use."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated()
+    return None
 
 
 @contextlib.contextmanager
@@ -246,6 +261,11 @@ class Result:
     """The most device memory allocated while the test ran (GiB, torch's allocator on CUDA; None
     elsewhere), the worker's kept conversions and its case's shared inputs and oracle included:
     what a sweep's admission of cases onto a GPU (``platforms.case_gpu_gib``) is measured against."""
+    device_peak_parts: dict[str, float] = field(default_factory=dict)
+    """What ``device_peak_gib`` is made of (GiB), for a test a sweep ran on a GPU: ``held``, what
+    was allocated when it began (the worker's kept conversions, its case's shared inputs and
+    oracle), each stage that raised the peak, by how much (``StageClock.raised``), and ``other``
+    (raised outside every stage). Empty elsewhere."""
 
 
 HARNESS_RAISED = "the harness raised (not the backend)"

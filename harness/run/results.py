@@ -168,6 +168,7 @@ class Recorder:
             "seconds": result.seconds,
             "stages": dict(result.stages),
             "device_peak_gib": result.device_peak_gib,
+            "device_peak_parts": dict(result.device_peak_parts),
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "host": host_fingerprint(),
             "declaration": declaration,

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import signal
+import statistics
 import sys
 import time
 from collections import Counter
@@ -221,6 +222,19 @@ def check_pair(
     return result, used
 
 
+PEAK_PART_GIB = 0.01
+"""The least raise of a test's device peak its record names a stage for (``peak_parts``)."""
+
+
+def peak_parts(clock: StageClock, held_gib: float, peak_gib: float) -> dict[str, float]:
+    """``Result.device_peak_parts``: ``held`` (allocated when the test began), each stage that
+    raised the peak by at least ``PEAK_PART_GIB``, and ``other``, the rest of ``peak_gib``."""
+    parts = {"held": round(held_gib, 3)}
+    parts |= {name: round(v, 3) for name, v in clock.raised.items() if v >= PEAK_PART_GIB}
+    parts["other"] = round(max(0.0, peak_gib - held_gib - sum(clock.raised.values())), 3)
+    return parts
+
+
 def stage_seconds(clock: StageClock, check_s: float, reproducer_s: float) -> dict[str, float]:
     """A test's time per stage for its record: ``clock``'s stages that took any time, ``other`` (the
     rest of ``check_s``, the check's wall time) and ``reproducer`` (saving a FAIL's or ERROR's)."""
@@ -284,13 +298,16 @@ def worker_main(
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        clock, start = StageClock(), time.perf_counter()
+        clock, start, held = StageClock(), time.perf_counter(), 0.0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+            held = torch.cuda.memory_allocated() / (1 << 30)
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
                                     contend=contend)  # fmt: skip
         if torch.cuda.is_available():
-            result.device_peak_gib = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
+            peak = torch.cuda.max_memory_allocated() / (1 << 30)
+            result.device_peak_gib = round(peak, 3)
+            result.device_peak_parts = peak_parts(clock, held, peak)
         saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
         # Not kept while the worker waits: an idle worker holding its last case's inputs (GiBs at
@@ -775,6 +792,23 @@ class Sweep:
         parts = [f"{name} {t[name]:.0f} s ({100 * t[name] / total:.0f}%)" for name in TIMES[1:]]
         return (f"check: {self.workers} worker(s) x {t['wall']:.0f} s: " + ", ".join(parts)
                 + f", between tests or idle {rest:.0f} s ({100 * rest / total:.0f}%)")  # fmt: skip
+
+
+    def memory_line(self) -> str | None:
+        """What set the device memory of the model whose tests took the most, one line: its tests'
+        median and largest peak, and what the largest is made of (``Result.device_peak_parts``).
+        Memory decides how many cases share a GPU, so this names what to cut where ``time_line``
+        shows workers held back. None where no test recorded a peak (a CPU)."""
+        peaked = [v.result for v in self.verdicts if v.result.device_peak_gib]
+        if not peaked:
+            return None
+        top = max(peaked, key=lambda r: r.device_peak_gib)
+        mine = [r.device_peak_gib for r in peaked if r.case.model == top.case.model]
+        parts = sorted(top.device_peak_parts.items(), key=lambda kv: -kv[1])
+        made = ", ".join(f"{name} {gib:.1f}" for name, gib in parts if gib >= 0.05) or "not recorded"
+        return (f"check: device memory of {top.case.model}'s {len(mine)} tests: median peak "
+                f"{statistics.median(mine):.1f} GiB, largest {top.device_peak_gib:.1f} GiB "
+                f"({top.test_id}: {made})")  # fmt: skip
 
 
 RELEASE = "release"

@@ -23,6 +23,7 @@ ARCH = host_arch()
 FIELDS = {
     "schema", "test_id", "backend", "backend_spec", "arch", "outcome", "reason", "findings", "case_id", "case",
     "metrics", "traceback", "seconds", "timestamp", "host", "declaration", "repro", "build", "device_peak_gib",
+    "device_peak_parts",
 }  # fmt: skip
 
 

@@ -644,3 +644,41 @@ def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp
     assert {n for case, n in seen if case == huge} == {0}, seen
     assert max(n for case, n in seen if case != huge) >= 1, seen  # beside the small ones, others lived
     assert os.environ["MXMOE_TEST_SIBLINGS"] == str(siblings)
+
+
+def test_a_tests_device_peak_is_split_into_what_was_held_and_what_each_stage_raised(monkeypatch):
+    """On a GPU a test's record says what its peak is made of: what was allocated when it began,
+    what each stage raised the peak by (a stage that stays under the peak so far raises nothing),
+    and the rest; the sweep's memory line names the largest model's worst test and its parts.
+    The GPU's counter is replaced here by a script of peaks, so this runs on any host."""
+    from mxmoe.harness.contract.cases import make_case
+    from mxmoe.harness.judge import engine
+    from mxmoe.harness.judge.engine import Result, StageClock
+    from mxmoe.harness.run import sweep
+
+    gib = 1 << 30
+    peaks = iter([10 * gib, 14 * gib, 14 * gib, 14 * gib, 14 * gib, 20 * gib])  # read at each stage's ends
+    monkeypatch.setattr(engine, "_device_peak", lambda: next(peaks))
+    clock = StageClock()
+    for name in ("oracle and bound", "convert", "systematic"):
+        with clock.stage(name):
+            pass
+    assert clock.raised["oracle and bound"] == 4.0 and clock.raised["convert"] == 0.0
+    assert clock.raised["systematic"] == 6.0
+    parts = sweep.peak_parts(clock, 8.0, 21.5)
+    assert parts == {"held": 8.0, "oracle and bound": 4.0, "systematic": 6.0, "other": 3.5}
+    with pytest.raises(ValueError, match="stage must be one of"):
+        with clock.stage("oracle"):
+            pass
+
+    run = sweep.Sweep(recorder=None)
+    assert run.memory_line() is None  # no test recorded a peak (a CPU)
+    for model, tokens, peak, made in (("gptoss20b", 1, 19.0, {}), ("gptoss120b", 1, 21.5, parts),
+                                      ("gptoss120b", 4, 30.0, {"held": 12.0, "convert": 18.0})):  # fmt: skip
+        result = Result(f"x-{model}-{tokens}", "x", ARCH, make_case(model, tokens), "PASS")
+        result.device_peak_gib, result.device_peak_parts = peak, made
+        run.verdicts.append(sweep.Verdict(result, None))
+    assert run.memory_line() == (
+        "check: device memory of gptoss120b's 2 tests: median peak 25.8 GiB, largest 30.0 GiB "
+        "(x-gptoss120b-4: convert 18.0, held 12.0)"
+    )
