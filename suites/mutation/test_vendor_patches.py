@@ -261,8 +261,9 @@ def _rec(backend: str, case: str, outcome: str, digest: str, **kw: object) -> di
 
 
 def test_a_patch_is_material_only_where_it_changes_the_output():
-    """No effect (bit-identical everywhere) is not a miss; a changed output that passes is MISSED;
-    a FAIL or an ERROR (a worker that died included) is caught."""
+    """No effect (bit-identical everywhere) is not a miss; a changed output that passes is MISSED
+    (below noise where the change alone passes); a FAIL or an ERROR (a worker that died included) is
+    caught. Each changed case's effect is kept by case id."""
     from mxmoe.harness.audits.mutation.patched import _rows
 
     v = VENDORS["triton"]
@@ -274,6 +275,11 @@ def test_a_patch_is_material_only_where_it_changes_the_output():
     rows = _rows(p, v, changed, base)
     want = [("triton", "MISSED", 1), ("triton-unfused", "no effect", 0)]
     assert [(r.backend, r.verdict, r.differs) for r in rows] == want
+    assert rows[0].effects == {"c2": None} and rows[1].effects == {}  # which case changed, unjudged
+    weak = {"over_bound": 0, "z": 2.0, "z_threshold": 7.8, "energy": None, "energy_threshold": None, "material": False}
+    row = _rows(p, v, same[:1] + [_rec("triton", "c2", "PASS", "other", effect=weak)] + same[2:], base)[0]
+    assert (row.verdict, row.effects) == ("below noise", {"c2": weak})
+    assert row.to_dict()["effects"] == {"c2": weak}  # in the --json record, case by case
     died = [_rec("triton", "c1", "ERROR", "none", worst_ratio=float("inf"), reason="the worker process died")]
     row = _rows(p, v, died, base)[0]
     assert (row.verdict, row.errors, row.failure) == ("caught", 1, "c1: the worker process died")

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,6 +171,10 @@ class VRow(Row):
     whose effect could not be judged, counts as material)."""
     material_missed: int = 0
     """Material cases the patched kernel PASSed: the misses."""
+    effects: dict[str, dict | None] = field(default_factory=dict)
+    """Case id -> the change alone on each case it changed (``Effect`` as a dict, with
+    ``material``; None where the patched kernel raised or the change could not be judged): which
+    cases a patch cannot move past rounding, and by how little, not only how many."""
 
     @property
     def verdict(self) -> str:
@@ -339,6 +343,7 @@ def _rows(p: Patch | None, v: Vendor, recs: list[dict], base: dict[tuple[str, st
             row.differs += 1
             row.kind = "mutant"
             effect = r.get("effect")
+            row.effects[r["case"]] = effect
             if r["outcome"] == "ERROR" or effect is None or effect["material"]:
                 row.material += 1
                 row.material_missed += r["outcome"] not in ("FAIL", "ERROR")
