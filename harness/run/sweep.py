@@ -793,7 +793,6 @@ class Sweep:
         return (f"check: {self.workers} worker(s) x {t['wall']:.0f} s: " + ", ".join(parts)
                 + f", between tests or idle {rest:.0f} s ({100 * rest / total:.0f}%)")  # fmt: skip
 
-
     def memory_line(self) -> str | None:
         """What set the device memory of the model whose tests took the most, one line: its tests'
         median and largest peak, and what the largest is made of (``Result.device_peak_parts``).
