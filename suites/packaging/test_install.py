@@ -114,6 +114,39 @@ def test_installed_cli_runs_the_signoff(installed: Path, tmp_path: Path, profile
     assert report["verdict"] in page and page.count("data:image/png;base64,") == 5
 
 
+def _pytest_command(args: list[str], env_path: str) -> subprocess.CompletedProcess:
+    """``pytest ARGS`` as the ``pytest`` command runs it, in the checkout: ``python -P`` puts no
+    working directory on sys.path, as that command does not (``python -m pytest`` does), with
+    ``env_path`` as PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=env_path)
+    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (no working directory on sys.path) is 3.11+")
+def test_the_pytest_command_in_a_checkout_tests_that_checkout(installed: Path):
+    """``pytest suites/ -k gfx942`` on a kernel author's machine imports the checkout's ``mxmoe``
+    (pyproject's ``pythonpath``): without it the command found no ``mxmoe`` where the project was
+    not installed, and where another copy was (here: the wheel's, on PYTHONPATH) tested that copy."""
+    one = "suites/packaging/test_install.py::test_import_from_a_checkout"
+    proc = _pytest_command(["--collect-only", "-q", "--trace-config", one], str(installed))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plugin = next(line for line in proc.stdout.splitlines() if "module 'mxmoe.harness.plugin' from" in line)
+    assert str(ROOT / "harness" / "plugin" / "__init__.py") in plugin, plugin
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (no working directory on sys.path) is 3.11+")
+def test_the_suites_without_torch_say_what_sets_them_up(tmp_path: Path):
+    """An interpreter that cannot import torch collects nothing: the suites say which module is
+    missing and the command that sets it up, not a traceback through pytest's plugin loader."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('raise ImportError("no torch on this interpreter")\n')
+    proc = _pytest_command(["--collect-only", "-q", "suites/packaging/test_install.py"], str(tmp_path))
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, said[-3000:]
+    assert "the suites need torch (no torch on this interpreter)" in said and "`./dev setup`" in said, said[-3000:]
+
+
 def test_import_from_a_checkout():
     """From the repository root with nothing installed, ``mxmoe.*`` resolves to the folders."""
     out = _run("import mxmoe.reference.mxfp4 as m; print(m.__file__)", cwd=ROOT)
