@@ -147,6 +147,21 @@ def test_the_suites_without_torch_say_what_sets_them_up(tmp_path: Path):
     assert "the suites need torch (no torch on this interpreter)" in said and "`./dev setup`" in said, said[-3000:]
 
 
+def test_the_set_up_venv_has_a_pytest_command_of_its_own():
+    """``./dev setup`` makes ``.venv`` see the system's packages; where pytest came from there, the
+    venv had no ``pytest`` command, and with it active ``pytest suites/`` ran another interpreter
+    (without this set-up's torch) and collected nothing. ``dev`` writes the command pip would have."""
+    venv_bin = ROOT / ".venv" / "bin"
+    if Path(sys.executable).parent != venv_bin:
+        pytest.skip(f"the suites run in {sys.executable}, not in the checkout's .venv (./dev set up that interpreter)")
+    first = (venv_bin / "pytest").read_text().splitlines()[0]
+    assert Path(first.removeprefix("#!")) in (Path(sys.executable), venv_bin / "python"), first
+    one = "suites/packaging/test_install.py::test_import_from_a_checkout"
+    cmd = [str(venv_bin / "pytest"), "-p", "no:cacheprovider", "--collect-only", "-q", one]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 test collected" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_import_from_a_checkout():
     """From the repository root with nothing installed, ``mxmoe.*`` resolves to the folders."""
     out = _run("import mxmoe.reference.mxfp4 as m; print(m.__file__)", cwd=ROOT)
