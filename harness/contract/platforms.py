@@ -66,8 +66,13 @@ def use_triton_interpreter_without_gpu() -> None:
     """On a host with no GPU, Triton kernels can only run under Triton's interpreter, which must
     be chosen before triton is first imported (``triton.jit`` reads TRITON_INTERPRET when it
     decorates, its standard library included; torchao, for one, imports triton). The harness's
-    entry points (CLI, pytest plugin) call this first; an explicit TRITON_INTERPRET is kept."""
-    if "TRITON_INTERPRET" not in os.environ and host_arch() == "cpu":
+    entry points (CLI, pytest plugin) call this first; an explicit TRITON_INTERPRET is kept.
+
+    It asks torch for a GPU rather than ``host_arch``, which tests replace to stand in for other
+    hosts: the variable is process-wide and ``triton.jit`` reads it once per kernel, so a test
+    standing in for a CPU host on a GPU machine would otherwise leave every Triton kernel its
+    process imports afterwards interpreted (vLLM's routing kernel then raised)."""
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
 

@@ -8,6 +8,7 @@ each test reads its own part of the verdicts."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -326,6 +327,28 @@ def test_the_gpu_sign_off_judges_production_shapes_in_the_same_workers(tmp_path,
         main(["signoff", "--results", str(tmp_path / arch), *extra])
         checks = [a for a in ran if a[0] == "check"]
         assert len(checks) == 1 and checks[0][-len(expect):] == expect, checks
+
+
+def test_a_test_standing_in_for_a_cpu_host_leaves_a_gpu_process_triton_compiled(monkeypatch):
+    """The test above stands in for a CPU host by replacing ``host_arch`` and runs the CLI, whose
+    first act picks Triton's interpreter on a host without a GPU. TRITON_INTERPRET is process-wide
+    and read once per kernel, so on an H100 the pytest worker that ran it afterwards imported vLLM's
+    routing kernel interpreted, and `vllm-triton-unfused` raised ("Cannot call @triton.jit'd outside
+    of the scope of a kernel"): the whole suite's one failure there. The pick follows the GPU torch
+    sees, not the host a test stands in for."""
+    import torch
+
+    from mxmoe.harness.contract import platforms
+
+    monkeypatch.setenv("TRITON_INTERPRET", "")  # recorded, so whatever this test sets is undone
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(platforms, "host_arch", lambda: "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU process
+    platforms.use_triton_interpreter_without_gpu()
+    assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a process without one
+    platforms.use_triton_interpreter_without_gpu()
+    assert os.environ["TRITON_INTERPRET"] == "1"
 
 
 FAKE_STEP = """
