@@ -224,6 +224,20 @@ def test_sm90_weight_repack_matches_flashinfer_0_6_16_kernel_loop():
     assert torch.equal(ours, loop)
 
 
+def test_sm90_weight_repack_by_slices_of_experts_is_the_same_bytes(monkeypatch):
+    """The repack works on slices of experts (``storage.by_experts``) so that its int64 copies stay
+    small at gpt-oss-120b: slices of one, two and three experts of seven (the last slice short)
+    give the bytes of the whole tensor at once, forward and back."""
+    w = torch.randint(0, 256, (7, 32, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    step = storage.sm90_weight_repack()
+    monkeypatch.setattr(storage, "WIDENED_SLICE_BYTES", w.numel())
+    whole = step.forward(w, "w13_blocks")
+    for experts in (1, 2, 3):
+        monkeypatch.setattr(storage, "WIDENED_SLICE_BYTES", experts * w[0].numel())
+        assert torch.equal(step.forward(w, "w13_blocks"), whole), experts
+        assert torch.equal(step.inverse(whole, "w13_blocks", w.shape), w), experts
+
+
 def test_sm90_scale_fold_is_flashinfer_0_6_16_formula():
     s = torch.randint(0, 256, (2, 128, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
     out = storage.sm90_scale_fold().forward(s, "w13_scales")
