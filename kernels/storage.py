@@ -11,6 +11,7 @@ All steps act per expert: dimension 0 is the expert, a weight is [E, rows, cols]
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -197,14 +198,15 @@ WIDENED_SLICE_BYTES = 1 << 24
 repack widens each byte to int64 and keeps several such copies, about 30 times its input: on a
 whole gpt-oss-120b w13 (1.06 GB) FlashInfer's conversion raised an H100's allocated peak by 29.9
 GiB, the most of any stage of any backend at a decode shape, and memory decides how many cases
-share a GPU. Slices of 16 MiB keep that under a GiB."""
+share a GPU. Slices of 16 MiB keep those copies near half a GiB."""
 
 
 def by_experts(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``fn(t)`` for a step that acts per expert and keeps the shape and dtype, computed over
     slices of whole experts of at most ``WIDENED_SLICE_BYTES`` (one expert where one is larger)
     into one output: the same bytes, without ``fn``'s widened copies of every expert at once."""
-    per = max(1, WIDENED_SLICE_BYTES // max(1, t[0].numel() * t.element_size()))
+    expert_bytes = math.prod(t.shape[1:]) * t.element_size()
+    per = max(1, WIDENED_SLICE_BYTES // max(1, expert_bytes))
     if per >= t.shape[0]:
         return fn(t)
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
