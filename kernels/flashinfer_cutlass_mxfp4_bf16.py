@@ -128,6 +128,7 @@ class FlashInferCutlassMxfp4Bf16(FlashInferKernel):
         hidden_align=128,
         intermediate_align=128,
         vllm_backend="FLASHINFER_CUTLASS_MXFP4_BF16",
+        vllm_needs_biases=True,
         router_weight_on_input=False,
         tactics=FI_CUTLASS_TACTICS,
         arithmetic=Arithmetic(
@@ -188,6 +189,7 @@ class FlashInferCutlassMxfp4Bf16OldLayout(FlashInferCutlassMxfp4Bf16):
         id="flashinfer-cutlass-mxfp4-bf16-old-layout",
         description="FLASHINFER_CUTLASS_MXFP4_BF16 fed FlashInfer 0.6.9's layout (vLLM's before #46915)",
         vllm_backend=None,
+        vllm_needs_biases=False,  # not vLLM's backend: nothing of vLLM's conversion binds it
         kind="instrument",
         tactics=(),  # an instrument of the layout, not of the kernel's configurations
     )

@@ -44,6 +44,7 @@ class FlashInferCutlassMxfp4Mxfp8(FlashInferKernel):
         hidden_align=128,
         intermediate_align=128,
         vllm_backend="FLASHINFER_CUTLASS_MXFP4_MXFP8",
+        vllm_needs_biases=True,
         arithmetic=Arithmetic(
             precision=Precision(activation_input="mxfp8", intermediate="mxfp8", output=torch.bfloat16),
         ),

@@ -42,6 +42,7 @@ class FlashInferTrtllmMxfp4Bf16(FlashInferKernel):
         intermediate_align=128,
         bias_dtype="fp32",
         vllm_backend="FLASHINFER_TRTLLM_MXFP4_BF16",
+        vllm_needs_biases=True,
         arithmetic=Arithmetic(
             precision=Precision(intermediate="bf16", routing_weights="bf16", output=torch.bfloat16),
         ),

@@ -31,6 +31,7 @@ class FlashInferTrtllmMxfp4Mxfp8(FlashInferTrtllmMxfp4Bf16):
         intermediate_align=128,
         bias_dtype="fp32",
         vllm_backend="FLASHINFER_TRTLLM_MXFP4_MXFP8",
+        vllm_needs_biases=True,
         arithmetic=Arithmetic(
             precision=Precision(
                 activation_input="mxfp8", intermediate="mxfp8", routing_weights="bf16", output=torch.bfloat16

@@ -144,11 +144,22 @@ class VllmLayer(VendorKernel):
         """As declared; one rank without expert parallelism; GPT-OSS's swiglu (vLLM's
         ``GptOssMxfp4MoEMethod.get_fused_moe_quant_config`` passes alpha 1.702, beta 1 and limit 7 to
         every kernel, whatever the model: another activation or constant cannot be expressed through
-        it); the direct adapter's limits of the same kernel."""
+        it); both biases where vLLM's conversion asserts them (``Declaration.vllm_needs_biases``);
+        the direct adapter's limits of the same kernel.
+
+        A limit of vLLM's that only its run would show is a SKIP of a case declared here, and a
+        sign-off that requires the backend counts it as not run: the FlashInfer backends' bias
+        assertion, found so on a GPU, blocked every policy that required ``vllm-flashinfer-*``."""
         d = self.declaration
         reason = super().supports(case, arch)
         if reason is None and case.ep > 1:
             return f"{d.id}: the vLLM driver runs one rank without expert parallelism"
+        if reason is None and d.vllm_needs_biases and not case.bias:
+            return (
+                f"{d.id}: vLLM's {self.vllm_backend} weight conversion asserts both biases "
+                "(convert_gpt_oss_weight_to_mxfp4_moe_kernel_format); GPT-OSS checkpoints always have them, "
+                "so vLLM never sends a layer without"
+            )
         if reason is None and (case.activation, case.alpha, case.beta, case.limit) != GPT_OSS_SWIGLU:
             return (
                 f"{d.id}: vLLM's GptOssMxfp4MoEMethod runs GPT-OSS's swigluoai (alpha 1.702, beta 1, limit 7) only; "

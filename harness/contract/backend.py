@@ -137,6 +137,12 @@ class Declaration:
     xfails: tuple[XFail, ...] = field(default_factory=tuple)
     vllm_backend: str | None = None
     """Its member of vLLM's ``Mxfp4MoeBackend`` (e.g. ``TRITON``), if it is one of vLLM's."""
+    vllm_needs_biases: bool = False
+    """vLLM's GPT-OSS weight conversion for this backend asserts that both biases are there
+    (``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``): vLLM never sends it a layer without
+    them, so vLLM's own layer of it (``vllm-<id>``) declares no case without biases. The kernel
+    itself may take one: the direct adapter is not bound by this. ``vllm-drift`` checks it against
+    each release's conversion."""
     device_archs: tuple[str, ...] = ()
     """Where the vendor kernel family loads at all, if wider than ``archs`` (where it takes MXFP4):
     AITER's CK MoE runs on gfx942 but declines the MXFP4 scheme there."""

@@ -14,7 +14,10 @@ loaded) are imported in a subprocess that pretends to be each architecture
 * ``backends``, ``gpt_oss_priority`` and ``moe_backend_strings``: the enum members, the ``auto``
   order on each architecture and the strings each side has;
 * ``activations``, ``routing_methods`` and ``w13_layout`` of each backend's kernel classes and
-  weight conversion.
+  weight conversion;
+* ``needs_biases``: whether that conversion takes a layer without biases, against
+  ``Declaration.vllm_needs_biases`` (vLLM's own layer of a backend that asserts them declares no
+  case without biases).
 
 The declarations and the selection follow NEWEST_VLLM, 0.34.0; PREVIOUS_VLLM, 0.33.0, and
 DEFAULT_VLLM, 0.26.0 (the release whose vendored triton_kernels the Triton backends run), are
@@ -407,6 +410,10 @@ def compare(facts: dict, declarations: list[Declaration]) -> list[Drift]:
         layout = facts.get("w13_layout", {}).get(name)
         if isinstance(layout, str) and not layout.startswith("unknown") and layout != d.w13_layout:
             out.append(Drift("w13_layout", name, "*", d.w13_layout, layout))
+        biases = facts.get("needs_biases", {}).get(name)
+        mine = "required" if d.vllm_needs_biases else "optional"
+        if biases in ("required", "optional") and biases != mine:
+            out.append(Drift("needs_biases", name, "*", mine, biases))
     for s, by_key in sorted(facts.get("selection", {}).items()):
         if s not in MOE_BACKENDS:
             continue

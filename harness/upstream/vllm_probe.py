@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import time
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -716,22 +717,27 @@ def _classify(seq: list[int] | str) -> str:
     return f"unknown: row order starts {seq[:8]}"
 
 
+def _convert(ox: types.ModuleType, backend: Any, layer: Any) -> tuple[Any, ...]:
+    """vLLM's GPT-OSS weight conversion of ``layer`` for ``backend`` (the vendor packers stubbed)."""
+    return ox.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
+        backend,
+        layer,
+        layer.w13_weight,
+        layer.w2_weight,
+        layer.w13_weight_scale,
+        layer.w2_weight_scale,
+        layer.w13_bias,
+        layer.w2_bias,
+        _cache_permute_indices={},
+    )
+
+
 def _w13_layout_one(ox: types.ModuleType, backend: Any) -> str:
     if backend.name in LAYOUT_NEEDS_VENDOR:
         return "unknown: not run on CPU: " + LAYOUT_NEEDS_VENDOR[backend.name]
     layer = _layout_layer()
     try:
-        w13, _w2, s13, _s2, b13, _b2 = ox.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-            backend,
-            layer,
-            layer.w13_weight,
-            layer.w2_weight,
-            layer.w13_weight_scale,
-            layer.w2_weight_scale,
-            layer.w13_bias,
-            layer.w2_bias,
-            _cache_permute_indices={},
-        )
+        w13, _w2, s13, _s2, b13, _b2 = _convert(ox, backend, layer)
     except Exception as exc:
         return "unknown: conversion raised " + _error(exc)[len("error: ") :]
     weights = _classify(_row_sequence(w13, "weight"))
@@ -745,16 +751,37 @@ def _w13_layout_one(ox: types.ModuleType, backend: Any) -> str:
     return weights
 
 
-def _w13_layout(ox: types.ModuleType) -> dict[str, str]:
+def _each_converted(ox: types.ModuleType, one: Callable[[types.ModuleType, Any], str]) -> dict[str, str]:
+    """``one(ox, backend)`` for every backend, with the vendor packers stubbed (``_layout_stubs``);
+    a probe that raised is that backend's "unknown: probe failed: ..."."""
     patches, modules = _layout_stubs(ox)
     out: dict[str, str] = {}
     with _patched(patches, modules):
         for backend in _probe_members(ox):
             try:
-                out[backend.name] = _w13_layout_one(ox, backend)
+                out[backend.name] = one(ox, backend)
             except Exception as exc:
                 out[backend.name] = "unknown: probe failed: " + _error(exc)[len("error: ") :]
     return out
+
+
+def _needs_biases_one(ox: types.ModuleType, backend: Any) -> str:
+    """Whether vLLM's conversion takes a GPT-OSS layer without biases for ``backend``: "required"
+    where it stops at an assertion on them, "optional" where it converts, "unknown: ..." where it
+    raised anything else (a conversion that needs a vendor library on CPU, say)."""
+    if backend.name in LAYOUT_NEEDS_VENDOR:
+        return "unknown: not run on CPU: " + LAYOUT_NEEDS_VENDOR[backend.name]
+    layer = _layout_layer()
+    layer.w13_bias = None  # a layer without biases, as the model config's has_bias=False makes it
+    layer.w2_bias = None
+    try:
+        _convert(ox, backend, layer)
+    except AssertionError as exc:
+        line = traceback.extract_tb(exc.__traceback__)[-1].line or ""
+        return "required" if "bias" in line else f"unknown: conversion asserted `{line}`"
+    except Exception as exc:
+        return "unknown: conversion raised " + _error(exc)[len("error: ") :]
+    return "optional"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -831,7 +858,8 @@ def probe(arch: str) -> dict[str, Any]:
     section("kernel_classes", lambda: _kernel_classes(oracle()))
     section("supports", lambda: _supports(oracle()))
     section("routing_method_names", lambda: _routing_method_names(oracle()))
-    section("w13_layout", lambda: _w13_layout(oracle()))
+    section("w13_layout", lambda: _each_converted(oracle(), _w13_layout_one))
+    section("needs_biases", lambda: _each_converted(oracle(), _needs_biases_one))
     result["stubbed_imports"] = [name for name in stubbed if name in sys.modules]  # those vLLM did import
     _log(f"{arch} done in {time.monotonic() - t0:.1f}s")
     return result

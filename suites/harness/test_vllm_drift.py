@@ -51,6 +51,7 @@ def _facts() -> dict:
         "routing_method_names": ["Renormalize", "RenormalizeNaive"],
         "supports": {"TRITON": {"activations": ["SWIGLUOAI"], "routing_methods": ["Renormalize", "RenormalizeNaive"]}},
         "w13_layout": {"TRITON": "interleaved"},
+        "needs_biases": {"TRITON": "optional", "FLASHINFER_CUTLASS_MXFP4_BF16": "required"},
         "selection": {"triton": {"none": "TRITON"}},
     }
 
@@ -72,8 +73,22 @@ def test_agreeing_facts_give_no_drift():
         (lambda f: f["supports"]["TRITON"].update({"activations": ["SILU"]}), ("activations", "TRITON")),
         (lambda f: f["supports"]["TRITON"].update({"routing_methods": ["Renormalize"]}), ("routing_methods", "TRITON")),
         (lambda f: f["backends"].remove("MARLIN"), ("backends", "MARLIN")),
+        (lambda f: f["needs_biases"].update({"TRITON": "required"}), ("needs_biases", "TRITON")),
+        (
+            lambda f: f["needs_biases"].update({"FLASHINFER_CUTLASS_MXFP4_BF16": "optional"}),
+            ("needs_biases", "FLASHINFER_CUTLASS_MXFP4_BF16"),
+        ),
     ],
-    ids=["round-up", "selection", "layout", "activations", "routing", "backend-gone"],
+    ids=[
+        "round-up",
+        "selection",
+        "layout",
+        "activations",
+        "routing",
+        "backend-gone",
+        "biases-asserted",
+        "biases-no-longer-asserted",
+    ],
 )
 def test_each_kind_of_drift_is_seen(edit, expected):
     facts = copy.deepcopy(_facts())

@@ -690,6 +690,46 @@ def test_the_vllm_driver_declines_a_biasless_case_that_vllms_conversion_refuses_
     )
 
 
+VLLM_NEEDS_BIASES = (
+    "vllm-flashinfer-cutlass-mxfp4-bf16",
+    "vllm-flashinfer-cutlass-mxfp4-mxfp8",
+    "vllm-flashinfer-trtllm-mxfp4-bf16",
+    "vllm-flashinfer-trtllm-mxfp4-mxfp8",
+)
+"""vLLM's layers whose conversion asserts both biases in 0.26.0, 0.33.0 and 0.34.0 (``vllm-drift``'s
+``needs_biases``, run on vLLM's sources)."""
+
+
+def test_vllms_layer_declares_no_case_without_biases_where_vllms_conversion_asserts_them():
+    """On an H100 (2026-12-07) a kernel check requiring vllm-flashinfer-cutlass-mxfp4-bf16 was
+    BLOCKED on coverage: it "ran 33 of the 34 pr cases it declares", the 34th the case without
+    biases, where vLLM's conversion asserted both biases at run time. The declaration now says so:
+    the case is a SKIP decided before any load, and not among the cases a required backend owes.
+    The FlashInfer kernels themselves take a layer without biases: their direct adapters keep it."""
+    from mxmoe.reports.build import _expected_cases
+
+    by_id = {i.backend.declaration.id: i.backend for i in LOADED}
+    case = make_case("tiny", 8, bias=False)
+    assert case.id == "tiny-interleaved-nobias-t8"
+    for ident in VLLM_NEEDS_BIASES:
+        backend, arch = by_id[ident], by_id[ident].declaration.archs[0]
+        assert backend.supports(case, arch) == (
+            f"{ident}: vLLM's {backend.vllm_backend} weight conversion asserts both biases "
+            "(convert_gpt_oss_weight_to_mxfp4_moe_kernel_format); GPT-OSS checkpoints always have them, so vLLM "
+            "never sends a layer without"
+        )
+        assert backend.supports(make_case("tiny", 8), arch) is None
+        direct = by_id[ident.removeprefix("vllm-")]
+        assert direct.declaration.vllm_needs_biases and direct.supports(case, arch) is None
+        expected = _expected_cases(backend, arch, "pr")
+        assert expected and not any("-nobias-" in t for t in expected)
+    needs = {i for i, b in by_id.items() if i.startswith("vllm-") and b.declaration.vllm_needs_biases}
+    assert needs == set(VLLM_NEEDS_BIASES)
+    for ident in ("vllm-emulation", "marlin"):  # vLLM's conversion takes their layers without biases
+        assert by_id[ident].supports(case, "sm90") is None
+    assert by_id["flashinfer-cutlass-mxfp4-bf16-old-layout"].declaration.vllm_needs_biases is False
+
+
 VLLM_ROUTING = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm",
                        "MiniMax2", "Sigmoid", "Unspecified", "DeepseekV4", "Custom", "Simulated")  # fmt: skip
 """vLLM 0.34.0's ``RoutingMethodType`` members, in its order (``fused_moe/config.py``; 0.33.0's are the
