@@ -3,8 +3,9 @@
 Our declarations (backend lists, ``--moe-backend`` strings, padding, gate/up layouts, auto-selection)
 are copied from reading vLLM; this probe lets the harness check them against vLLM's code instead of
 against memory. It runs vLLM's Python on a CPU-only host by swapping in a fake platform object, so
-what it reports is what vLLM's *Python* decides: gates, priority lists, round-up rules and the row
-order the conversion hands to a vendor packer. It never runs a kernel.
+what it reports is what vLLM's *Python* decides: gates, priority lists, round-up rules, the row
+order the conversion hands to a vendor packer and whether that conversion takes a layer without
+biases. It never runs a kernel.
 
 It is meant to run as a subprocess, one architecture per process (vLLM binds ``current_platform``
 and ROCm's GCN arch once per process, and the probe patches module globals)::
