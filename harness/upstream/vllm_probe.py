@@ -734,8 +734,6 @@ def _convert(ox: types.ModuleType, backend: Any, layer: Any) -> tuple[Any, ...]:
 
 
 def _w13_layout_one(ox: types.ModuleType, backend: Any) -> str:
-    if backend.name in LAYOUT_NEEDS_VENDOR:
-        return "unknown: not run on CPU: " + LAYOUT_NEEDS_VENDOR[backend.name]
     layer = _layout_layer()
     try:
         w13, _w2, s13, _s2, b13, _b2 = _convert(ox, backend, layer)
@@ -754,11 +752,15 @@ def _w13_layout_one(ox: types.ModuleType, backend: Any) -> str:
 
 def _each_converted(ox: types.ModuleType, one: Callable[[types.ModuleType, Any], str]) -> dict[str, str]:
     """``one(ox, backend)`` for every backend, with the vendor packers stubbed (``_layout_stubs``);
-    a probe that raised is that backend's "unknown: probe failed: ..."."""
+    a backend whose conversion needs its vendor (``LAYOUT_NEEDS_VENDOR``) is "unknown: not run on
+    CPU: ...", and a probe that raised is that backend's "unknown: probe failed: ..."."""
     patches, modules = _layout_stubs(ox)
     out: dict[str, str] = {}
     with _patched(patches, modules):
         for backend in _probe_members(ox):
+            if backend.name in LAYOUT_NEEDS_VENDOR:
+                out[backend.name] = "unknown: not run on CPU: " + LAYOUT_NEEDS_VENDOR[backend.name]
+                continue
             try:
                 out[backend.name] = one(ox, backend)
             except Exception as exc:
@@ -770,8 +772,6 @@ def _needs_biases_one(ox: types.ModuleType, backend: Any) -> str:
     """Whether vLLM's conversion takes a GPT-OSS layer without biases for ``backend``: "required"
     where it stops at an assertion on them, "optional" where it converts, "unknown: ..." where it
     raised anything else (a conversion that needs a vendor library on CPU, say)."""
-    if backend.name in LAYOUT_NEEDS_VENDOR:
-        return "unknown: not run on CPU: " + LAYOUT_NEEDS_VENDOR[backend.name]
     layer = _layout_layer()
     layer.w13_bias = None  # a layer without biases, as the model config's has_bias=False makes it
     layer.w2_bias = None
