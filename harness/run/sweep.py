@@ -222,6 +222,25 @@ def check_pair(
     return result, used
 
 
+def preload(cache: dict[str, Loaded], specs: tuple[str, ...]) -> bool:
+    """Load ``specs``' backends into the worker's ``cache`` and run their ``load`` (vLLM's boot: about
+    20 s a worker process on an H100), so that the worker's later cases do not pay it inside their
+    tests. The sweep asks it of a worker held back for memory, whose time would otherwise go unused.
+    False where a load raised: the worker then ends, so that a fresh process loads that backend
+    inside its first test and records what it raises (a second import after a failed one can fail
+    otherwise, half of the package already imported); the sweep starts it again and preloads no
+    more."""
+    for spec in specs:
+        loaded = cache.get(spec)
+        if loaded is None:
+            loaded = cache[spec] = load_spec(spec)
+        try:
+            loaded.backend.load()
+        except Exception:  # its own test's load says why, in a fresh process
+            return False
+    return True
+
+
 PEAK_PART_GIB = 0.01
 """The least raise of a test's device peak its record names a stage for (``peak_parts``)."""
 
@@ -254,7 +273,8 @@ def worker_main(
 ) -> None:
     """A worker's loop: receive ``(index, spec, case dict, arch)``, answer ``("begin", index)`` at
     once and ``("done", index, Result, repro path)`` at the end; ``RELEASE`` frees what it holds of
-    its last case, ``None`` ends it. Backends are loaded once per spec and kept. Worker ``slot`` is
+    its last case, ``(PRELOAD, specs)`` loads backends ahead of their cases (``preload``), ``None``
+    ends it. Backends are loaded once per spec and kept. Worker ``slot`` is
     pinned to GPU ``slot`` modulo their number (``platforms.pin_gpu``); its replacement after a
     crash takes the same GPU. ``diagnose`` (a module-level function, so that it crosses the process
     boundary) diagnoses each FAIL. ``contention``: the race hunt's company, which this worker calls
@@ -283,6 +303,10 @@ def worker_main(
             _CONVERTED.clear()
             case_id = None
             free_device_memory()
+            continue
+        if task[0] == PRELOAD:
+            if not preload(cache, task[1]):
+                return
             continue
         index, spec, case_dict, arch, repeat = task
         conn.send(("begin", index))
@@ -409,6 +433,8 @@ class _Slot:
     """Since when it is idle with cases queued, none of which fits its GPU (held back)."""
     released: bool = True
     """Whether its worker was told to free its last case's memory (``RELEASE``) since its last test."""
+    preloaded: bool = False
+    """Whether its worker was asked to load the queued cases' backends while held back (``PRELOAD``)."""
 
 
 def _exit_text(code: int | None) -> str:
@@ -621,7 +647,7 @@ class Sweep:
             proc.start()
             child_conn.close()  # so that the worker's death shows as EOF here
             slot.process, slot.conn, slot.task = proc, parent_conn, None
-            slot.spawned = time.monotonic()
+            slot.spawned, slot.preloaded = time.monotonic(), False
 
         def stop(slot: _Slot) -> None:
             if slot.process is not None and slot.process.is_alive():
@@ -629,7 +655,7 @@ class Sweep:
                 slot.process.join(10)
             if slot.conn is not None:
                 slot.conn.close()
-            slot.process, slot.conn, slot.task = None, None, None
+            slot.process, slot.conn, slot.task, slot.preloaded = None, None, None, False
 
         def lost(slot: _Slot, reason: str) -> None:
             """The worker died or overran while on ``slot.task``: an ERROR for that case."""
@@ -661,6 +687,34 @@ class Sweep:
         # its GPU, so that only a test that runs out of memory by itself is an ERROR.
         requeued: set[int] = set()
         retried: set[int] = set()
+        preloading = True
+
+        def preload_on(slot: _Slot) -> None:
+            """``slot``'s worker, held back for memory, loads the queued cases' backends meanwhile
+            (``PRELOAD``): on an H100 sign-off, workers waited 63% of their time while each of 7
+            worker processes booted vLLM (20 s) inside a test, two of them inside gpt-oss-120b cases,
+            which run one at a time there. A worker not yet started is started for it; its start-up
+            is then time held back, not start-up before a test."""
+            specs = tuple(dict.fromkeys(pairs[i][0].spec for group in queue for i in group))
+            if slot.process is None or not slot.process.is_alive():
+                stop(slot)
+                start(slot)
+                slot.spawned = None
+            try:
+                slot.conn.send((PRELOAD, specs))
+            except (BrokenPipeError, OSError):
+                stop(slot)
+                return
+            slot.preloaded = True
+
+        def gone_idle(slot: _Slot) -> None:
+            """``slot``'s worker is found dead before its next task began: one that preloaded ended on
+            a backend's load that raised or crashed (``preload``), so no worker preloads again; it
+            starts afresh with its next case."""
+            nonlocal preloading
+            if slot.preloaded:
+                preloading = False
+            stop(slot)
 
         def out_of_memory_beside_others(slot: _Slot, index: int, result: Result) -> None:
             case = pairs[index][1]
@@ -706,14 +760,14 @@ class Sweep:
                             if index is None:
                                 continue  # no queued case fits beside its GPU's others yet
                             if slot.process is None or not slot.process.is_alive():
-                                stop(slot)
+                                gone_idle(slot)
                                 start(slot)
                             loaded, case = pairs[index]
                             try:
                                 slot.conn.send((index, loaded.spec, case.to_dict(), arch, self.repeat(loaded, case)))
                             except (BrokenPipeError, OSError):
                                 slot.group.insert(0, index)  # the idle worker had died: restart it next round
-                                stop(slot)
+                                gone_idle(slot)
                                 continue
                             # Until the worker says it has begun, its start-up (importing torch) is
                             # not the backend's time.
@@ -729,7 +783,11 @@ class Sweep:
                             try:
                                 slot.conn.send(RELEASE)
                             except (BrokenPipeError, OSError):
-                                stop(slot)  # the idle worker had died: started again with its next case
+                                gone_idle(slot)  # started again with its next case
+                    if preloading and queue:
+                        for slot in slots:
+                            if slot.waiting is not None and slot.task is None and not slot.group and not slot.preloaded:
+                                preload_on(slot)
                     if not queue:  # nothing left to hold back for
                         for slot in slots:
                             stop_waiting(slot)
@@ -770,7 +828,14 @@ class Sweep:
                                 pass  # the worker is gone; its exit status says how
                             if slot.task is not None and not slot.process.is_alive():
                                 slot.process.join(1)
-                                lost(slot, f"the backend's process crashed: {_exit_text(slot.process.exitcode)}")
+                                if slot.preloaded and not slot.begun:
+                                    # it ended in its preload, before this task began: the task
+                                    # runs in a fresh worker, whose own load of it is the verdict's
+                                    slot.group.insert(0, slot.task)
+                                    slot.task = None
+                                    gone_idle(slot)
+                                else:
+                                    lost(slot, f"the backend's process crashed: {_exit_text(slot.process.exitcode)}")
                         elif time.monotonic() > slot.deadline:
                             what = f"no verdict within {self.timeout:g} s" if slot.begun else "the worker did not start"
                             lost(slot, f"timeout: {what}; the worker was killed")
@@ -814,6 +879,10 @@ RELEASE = "release"
 """What the sweep tells an idle worker between cases (``worker_main``): free the last case's device
 memory (its inputs and oracle, its layer's conversions, the allocator's cached blocks), which the
 admission of other cases onto its GPU does not count once its case is over."""
+
+PRELOAD = "preload"
+"""What the sweep sends a worker held back for memory, with the backend specs its queued cases
+need (``worker_main``, ``preload``): load them now rather than inside the worker's next tests."""
 
 DECIDED_BATCH = 500
 """Pairs decided without a worker recorded per write (``Recorder.record_many``): well under 0.1 s

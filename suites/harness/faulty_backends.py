@@ -106,6 +106,33 @@ class Occupies(TorchMoE):
             f.write(f"end {inputs.case.id} {time.time()} {os.getpid()}\n")
 
 
+class LoadsSlowly(Occupies):
+    """``Occupies``, whose ``load`` takes 1.5 s the first time in a process (as vLLM's boot took 20 s
+    a worker process on an H100) and then appends ``load pid time`` to $MXMOE_TEST_LOADS."""
+
+    declaration = _declare("loads-slowly", "honest fp32, 0.2 s per run, 1.5 s to load once a process")
+    _loaded = False
+
+    def load(self):
+        if not LoadsSlowly._loaded:
+            time.sleep(1.5)
+            with open(os.environ["MXMOE_TEST_LOADS"], "a", encoding="utf-8") as f:
+                f.write(f"load {os.getpid()} {time.time()}\n")
+            LoadsSlowly._loaded = True
+
+
+class RefusesToLoad(Occupies):
+    """``Occupies`` that never loads: each ``load`` appends ``refused pid time`` to $MXMOE_TEST_LOADS
+    and raises BackendUnavailable, as a vendor backend whose package is missing does."""
+
+    declaration = _declare("refuses-to-load", "raises BackendUnavailable from load")
+
+    def load(self):
+        with open(os.environ["MXMOE_TEST_LOADS"], "a", encoding="utf-8") as f:
+            f.write(f"refused {os.getpid()} {time.time()}\n")
+        raise BackendUnavailable("refuses to load: its package is missing here")
+
+
 class CountsSiblings(Occupies):
     """``Occupies``, and also appends ``siblings case n`` to $MXMOE_TEST_SIBLINGS: the number of the
     sweep's other worker processes alive while it runs (its parent's children started by

@@ -617,6 +617,39 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
 
 
+def test_a_worker_held_back_for_memory_loads_the_queued_backends_meanwhile(tmp_path, monkeypatch):
+    """A worker held back for memory loads the queued cases' backends while it waits (in an H100
+    sign-off, 7 worker processes booted vLLM, 20 s each, inside their tests), so that its first test
+    does not. A backend whose load raises there is loaded again inside its test by a fresh worker:
+    every test says why it cannot run (a SKIP), none is an ERROR of a worker that ended before its
+    test began. The admission is the parent's, so a CPU shows it with the memory needs stood in."""
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    monkeypatch.setenv("MXMOE_TEST_WHERE_RAN", str(tmp_path / "when.txt"))
+    loads = tmp_path / "loads.txt"
+    monkeypatch.setenv("MXMOE_TEST_LOADS", str(loads))
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved")][:3]
+    # the first case queued fills the GPU's share: the second worker is held back until it ends
+    first = cases[sweep.by_case([0, 1, 2], cases, heaviest_first=True)[0][0]].id
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 2.0 if c.id == first else 1.0)
+    slow = load_spec(f"{FAULTY}:LoadsSlowly")
+    run = sweep.Sweep(Recorder(tmp_path / "slow"), workers=2, gpu_gib=2.0, gpus=1)
+    verdicts = run.run([(slow, c) for c in cases], ARCH)
+    assert [v.result.outcome for v in verdicts] == ["PASS"] * 3, [v.result.reason for v in verdicts]
+    loading = sorted(v.result.stages.get("load", 0.0) for v in verdicts)
+    assert loading[-1] >= 1.5 and loading[1] < 0.5, loading  # only the first worker's first test loaded
+    assert len(loads.read_text().splitlines()) == 2, loads.read_text()  # each worker loaded once
+
+    loads.write_text("")
+    refuses = load_spec(f"{FAULTY}:RefusesToLoad")
+    run = sweep.Sweep(Recorder(tmp_path / "refused"), workers=2, gpu_gib=2.0, gpus=1)
+    verdicts = run.run([(refuses, c) for c in cases], ARCH)
+    assert [v.result.outcome for v in verdicts] == ["SKIP"] * 3, [v.result.reason for v in verdicts]
+    assert all("refuses to load: its package is missing here" in v.result.reason for v in verdicts)
+    assert len(loads.read_text().splitlines()) >= 4, loads.read_text()  # the preload's, then each test's
+
+
 def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp_path, monkeypatch):
     """A case larger than the GPU's share runs with no other case beside it, and also with no other
     worker's process alive on its GPU: an idle worker still holds memory no admission counts (on an
