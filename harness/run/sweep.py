@@ -647,7 +647,7 @@ class Sweep:
             proc.start()
             child_conn.close()  # so that the worker's death shows as EOF here
             slot.process, slot.conn, slot.task = proc, parent_conn, None
-            slot.spawned, slot.preloaded = time.monotonic(), False
+            slot.spawned = time.monotonic()
 
         def stop(slot: _Slot) -> None:
             if slot.process is not None and slot.process.is_alive():
