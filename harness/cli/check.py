@@ -137,11 +137,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
         rate = args.race_power[0] if args.race_power else None
         declared = {v.loaded.backend.declaration.id: v.loaded.backend.declaration.deterministic for v in verdicts}
         for b in repeat:
-            ran = [v.result for v in verdicts if v.result.backend == b and v.result.metrics.runs]
-            if ran:  # a backend that ran no case here made no call to hunt in
-                calls = [(r.metrics.runs, r.metrics.runs_differing) for r in ran]
-                beside = company_of(r.contention for r in ran) if arch != "cpu" else None
-                print("  " + hunt_line(b, arch, calls, rate, declared.get(b, True), beside))
+            # a call that writes nothing (T = 0) shows no race; a race seen anywhere else is said
+            ran = [v.result for v in verdicts if v.result.backend == b and v.result.metrics.runs
+                   and v.result.metrics.elements]  # fmt: skip
+            if not ran:  # a backend that ran no case here made no call to hunt in
+                continue
+            deterministic = declared.get(b, True)
+            # the power counts the hunt's repeated cases (their record names their company, "none"
+            # where there was none), as the report does: a case left at its two guarded runs had
+            # no company on a GPU and is not counted
+            hunted = [r for r in ran if r.contention]
+            seen = deterministic and any(r.metrics.runs_differing for r in ran)
+            shown = ran if seen else hunted
+            if not shown:
+                print(f"  {b} ({arch}): no hunted call wrote output: no power against a race")
+                continue
+            calls = [(r.metrics.runs, r.metrics.runs_differing) for r in shown]
+            beside = company_of(r.contention for r in shown) if arch != "cpu" else None
+            print("  " + hunt_line(b, arch, calls, rate, deterministic, beside))
     print(f"\nresults: {recorder.path}")
     return 1 if bad else 0
 
@@ -160,6 +173,7 @@ def _hunt_repeats(
     if not args.repeat and args.race_power is None:
         return {}, []
     cases: dict[str, list[str]] = {}
+    empty = {case.id for _, case in pairs if not case.tokens}  # their calls write no output
     for loaded, case in pairs:
         d = loaded.backend.declaration
         if args.hunt and not any(fnmatch.fnmatchcase(d.id, p) for p in args.hunt):
@@ -173,8 +187,8 @@ def _hunt_repeats(
     # a sign-off's check (--production-shapes) hunts at the shapes serving runs; any other, over
     # every case it runs (a pr profile's one gpt-oss decode case is no production sweep)
     shapes = {c.id for c in production_cases()} if args.production_shapes else set()
-    plans = {b: hunt_plan(*args.race_power, ids, shapes) for b, ids in cases.items()}
-    return plans, [plan_line(b, plans[b], shapes) for b in plans]
+    plans = {b: hunt_plan(*args.race_power, ids, shapes, empty) for b, ids in cases.items()}
+    return plans, [plan_line(b, plans[b], shapes, empty) for b in plans]
 
 
 def add_selection(p: argparse.ArgumentParser, profile: str) -> None:

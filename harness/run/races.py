@@ -24,7 +24,9 @@ Putting every repeat on the heaviest quarter of the cases would meet such a race
 twice the kernel time (396 s of test time against 184, estimated from that sign-off's records);
 the production shapes alone cost what the even spread did (192 s). The other cases' two runs
 still catch a race they show, but are not counted towards the power (on a GPU they have no
-company).
+company). Nor are a case's calls at T = 0, where the kernel writes no output for a race to spoil:
+such a case gets no repeats, and the power is over the calls that wrote something (the pr
+profile's 5 empty cases once took 75 of its 735 hunted calls, which overstated the power).
 
 What this cannot see: a race that needs conditions the hunt does not make (other work on the GPU
 at the same moment, another shape, another clock), a race of the small cases alone that their two
@@ -55,29 +57,37 @@ def calls_needed(rate: float, confidence: float) -> int:
     return math.ceil(math.log1p(-confidence) / math.log1p(-rate))
 
 
-def hunt_plan(rate: float, confidence: float, cases: Iterable[str], hunt_in: Collection[str]) -> dict[str, int]:
+def hunt_plan(
+    rate: float, confidence: float, cases: Iterable[str], hunt_in: Collection[str], empty: Collection[str] = ()
+) -> dict[str, int]:
     """The repeats (beyond the two guarded runs) of each case id of ``cases``: the same number, at
     least one, on each of those in ``hunt_in`` (the production shapes' ids), so that their calls
     alone reach ``calls_needed``, and none on the others; on every case where none is in
-    ``hunt_in``. Only calls with repeats run beside the hunt's company on a GPU, and the report
-    counts those there."""
+    ``hunt_in``. ``empty``: the cases whose calls write no output (T = 0). No race can spoil what a
+    call does not write, so they get no repeats and their calls do not count towards the power.
+    Only calls with repeats run beside the hunt's company on a GPU, and the report counts those
+    there."""
     plan = dict.fromkeys(cases, 0)
-    hunted = [c for c in plan if c in hunt_in] or list(plan)
+    live = [c for c in plan if c not in empty]
+    hunted = [c for c in live if c in hunt_in] or live
     if hunted:
         each = max(1, math.ceil(calls_needed(rate, confidence) / len(hunted)) - GUARDED_RUNS)
         plan.update(dict.fromkeys(hunted, each))
     return plan
 
 
-def plan_line(backend: str, plan: Mapping[str, int], hunt_in: Collection[str]) -> str:
+def plan_line(backend: str, plan: Mapping[str, int], hunt_in: Collection[str], empty: Collection[str] = ()) -> str:
     """Where ``hunt_plan`` put a backend's calls, in words."""
     hunted = [c for c, n in plan.items() if n]
     if not hunted:
-        return f"{backend}: no case here"
+        return f"{backend}: no case here" if not plan else f"{backend}: no case here writes output"
     where = " at production shapes" if hunted[0] in hunt_in else " (none at production shapes)" if hunt_in else ""
     rest = len(plan) - len(hunted)
+    nothing = sum(1 for c in plan if c in empty and not plan[c])
+    why = ("" if not nothing else ", at T = 0: their calls write no output for a race to spoil" if nothing == rest
+           else f" ({nothing} of them at T = 0, whose calls write no output for a race to spoil)")  # fmt: skip
     return (f"{backend}: {plan[hunted[0]]} repeats on each of its {len(hunted)} cases{where}"
-            + (f", the two guarded runs alone on the other {rest}" if rest else ""))
+            + (f", the two guarded runs alone on the other {rest}{why}" if rest else ""))
 
 
 def confidence_from(calls: int, rate: float) -> float:

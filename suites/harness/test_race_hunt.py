@@ -42,6 +42,21 @@ def test_a_sign_offs_hunt_puts_its_repeats_at_the_production_shapes():
     assert none_here == spread
     assert plan_line("k", none_here, {"elsewhere"}) == (
         "k: 13 repeats on each of its 49 cases (none at production shapes)")
+    # a case at T = 0 writes no output for a race to spoil: no repeats, and the others make the power
+    empty = {"c01", "c02", "c03", "c05", "c06"}
+    live = hunt_plan(0.01, 0.999, ids, set(), empty)
+    assert {c for c, n in live.items() if not n} == empty and set(live.values()) == {0, 14}
+    assert 44 * (14 + 2) >= 688 > 44 * (13 + 2)
+    assert plan_line("k", live, set(), empty) == (
+        "k: 14 repeats on each of its 44 cases, the two guarded runs alone on the other 5, at T = 0: their calls "
+        "write no output for a race to spoil")  # fmt: skip
+    at_shapes = hunt_plan(0.01, 0.999, ids, shapes, {"c00"})  # an empty case among the shapes is not hunted
+    assert at_shapes["c00"] == 0 and {n for c, n in at_shapes.items() if c in shapes - {"c00"}} == {56}
+    assert plan_line("k", at_shapes, shapes, {"c00"}).endswith(
+        "the two guarded runs alone on the other 37 (1 of them at T = 0, whose calls write no output for a race to "
+        "spoil)")  # fmt: skip
+    assert plan_line("k", hunt_plan(0.01, 0.999, ["c01"], set(), {"c01"}), set(), {"c01"}) == (
+        "k: no case here writes output")
     many = hunt_plan(0.01, 0.999, [f"c{i}" for i in range(4000)], set())
     assert set(many.values()) == {1}  # always a repeat: its calls have company, and count
     assert hunt_plan(0.01, 0.999, [], set()) == {}
@@ -112,21 +127,39 @@ def _records(folder: Path) -> list[dict]:
 @pytest.mark.long(120)
 def test_a_race_in_1_of_100_calls_is_caught_by_the_sign_offs_hunt_over_the_pr_profile(tmp_path):
     """``rare_race.RareTileRace`` spoils a tile in about 1 call of 100, unseeded. The sign-off's
-    kernel check (the pr profile, ``--race-power 0.01,0.999``) makes about 735 calls of it, and so
-    misses it with probability 0.99^735 = 6e-4: it FAILs, naming the run and the tile. Without the
-    hunt the same check makes 98 calls and misses it about 37 times in 100."""
+    kernel check (the pr profile, ``--race-power 0.01,0.999``) makes 704 calls of it that write
+    output (16 in each of 44 cases; the 5 at T = 0 get no repeats), and so misses it with
+    probability 0.99^704 = 8.5e-4: it FAILs, naming the run and the tile. This test fails wrongly
+    that often, by the very arithmetic it checks (the price of a hunt that stops at 99.9%). Without
+    the hunt the same check makes 98 calls and misses it about 37 times in 100."""
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "check", "--profile", "pr", "--backend-file", f"{RARE}:RareTileRace",
            "--backend", "rare-tile-race", "--race-power", "0.01,0.999", "--results", str(out)]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "race hunt: rare-tile-race: 13 repeats on each of its 49 cases" in run.stdout, run.stdout[-3000:]
+    assert ("race hunt: rare-tile-race: 14 repeats on each of its 44 cases, the two guarded runs alone on the other 5, "
+            "at T = 0" in run.stdout), run.stdout[-3000:]  # fmt: skip
     fails = [r for r in _records(out) if r["outcome"] == "FAIL"]
     assert fails and all("elements differ between run 1 and run " in r["reason"] for r in fails), fails[:1]
     m = fails[0]["metrics"]
-    assert m["runs"] == 15 and m["runs_differing"] >= 1 and "column tile(s) of 128" in m["differs_where"]
+    assert m["runs"] == 16 and m["runs_differing"] >= 1 and "column tile(s) of 128" in m["differs_where"]
     line = next(ln for ln in run.stdout.splitlines() if ln.strip().startswith("rare-tile-race ("))
     assert "differed from their case's first run" in line and "a race" in line, line
+
+
+def test_the_hunts_power_counts_only_calls_that_wrote_output(tmp_path, capsys):
+    """A check's closing line states the power of the calls that could show a race: the T = 0
+    case's two calls write nothing, get no repeats, and are not among the calls counted."""
+    out = tmp_path / "results"
+    assert main(["check", "--profile", "pr", "--backend", "emulation", "-k", "tiny-interleaved-t",
+                 "--race-power", "0.01,0.999", "--results", str(out)]) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    assert ("emulation: 170 repeats on each of its 4 cases, the two guarded runs alone on the other 1, at T = 0"
+            in said), said  # fmt: skip
+    power = "emulation (cpu): 688 calls over 4 cases; none differed: no race at rate >= 0.01 with confidence 99.9007%"
+    assert power in said, said
+    runs = {r["case_id"]: (r["metrics"]["runs"], r["contention"]) for r in _records(out)}
+    assert runs.pop("tiny-interleaved-t0") == (2, "") and set(runs.values()) == {(172, "none")}, runs
 
 
 def test_honest_layers_stay_clean_under_the_same_repeats(tmp_path):
