@@ -144,8 +144,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 continue
             deterministic = declared.get(b, True)
             # the power counts the hunt's repeated cases (their record names their company, "none"
-            # where there was none), as the report does: a case left at its two guarded runs had
-            # no company on a GPU and is not counted
+            # where there was none): a case left at its two guarded runs had no company on a GPU,
+            # and the report (reports.build._race_hunt) does not count it there either
             hunted = [r for r in ran if r.contention]
             seen = deterministic and any(r.metrics.runs_differing for r in ran)
             shown = ran if seen else hunted
