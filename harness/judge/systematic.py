@@ -462,6 +462,14 @@ def fill_w2_norms2(weights: MoEWeights, experts: list[int]) -> dict[int, float]:
     return norms
 
 
+def kept_for(weights: MoEWeights) -> dict:
+    """What is kept for ``weights``' pair of w2 tensors (``_per_tensors``: dequantized matrices,
+    norms, thresholds), or {} where nothing is: a worker counts it among the device memory it holds
+    between a case's tests (``sweep.held_parts``)."""
+    entry = _BY_TENSORS.get((id(weights.w2_blocks), id(weights.w2_scales)))
+    return {} if entry is None else entry[4]
+
+
 def _per_tensors(weights: MoEWeights, what: str) -> dict:
     """A dict kept for ``weights``' pair of w2 tensors while they live and are unchanged (their
     version counters), one per ``what``: what is derived from the weights alone is then derived

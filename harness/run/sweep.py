@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TextIO
@@ -44,6 +44,7 @@ from mxmoe.harness.contract.platforms import (
 )
 from mxmoe.harness.judge.bounds import tie_aware_bound
 from mxmoe.harness.judge.engine import OUTCOMES, Diagnose, Result, StageClock, run_case, test_id, timed
+from mxmoe.harness.judge.systematic import kept_for
 from mxmoe.harness.run.contention import Contention
 from mxmoe.harness.run.registry import Loaded, load_spec
 from mxmoe.harness.run.results import Recorder, save_repro
@@ -245,12 +246,57 @@ PEAK_PART_GIB = 0.01
 """The least raise of a test's device peak its record names a stage for (``peak_parts``)."""
 
 
-def peak_parts(clock: StageClock, held_gib: float, peak_gib: float) -> dict[str, float]:
-    """``Result.device_peak_parts``: ``held`` (allocated when the test began), each stage that
-    raised the peak by at least ``PEAK_PART_GIB``, and ``other``, the rest of ``peak_gib``."""
-    parts = {"held": round(held_gib, 3)}
+def tensor_bytes(*roots: object) -> int:
+    """Bytes of the distinct tensor storages reachable from ``roots`` through dataclass fields
+    (and what an instance caches in its ``__dict__``), dicts, lists and tuples. A view shares its
+    base's storage, which counts once."""
+    import torch
+
+    storages: set[tuple[str, int]] = set()
+    visited: set[int] = set()
+    total, stack = 0, list(roots)
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if (str(obj.device), storage.data_ptr()) not in storages:
+                storages.add((str(obj.device), storage.data_ptr()))
+                total += storage.nbytes()
+        elif id(obj) not in visited:
+            visited.add(id(obj))
+            if is_dataclass(obj) and not isinstance(obj, type):
+                stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else
+                             (getattr(obj, f.name) for f in fields(obj)))  # fmt: skip
+            elif isinstance(obj, dict):
+                stack.extend(obj.values())
+            elif isinstance(obj, (list, tuple)):
+                stack.extend(obj)
+    return total
+
+
+def held_parts(held_gib: float) -> dict[str, float]:
+    """What a worker held when a test began (``held_gib``, allocated), in parts: ``held:
+    conversions``, its layer's converted weights kept across cases (``_Converted``); ``held: case``,
+    its case's shared inputs, oracle and bounds, and what the systematic test keeps of the inputs'
+    w2 (``_Shared``); ``held: other``, the rest (the backends' own state, e.g. their workspaces, and
+    anything no one let go). Admission decides how many cases share a GPU by such memory, so a
+    record that says which part grew says what to cut."""
+    gib = 1 << 30
+    conversions = sum(size for _, size in _CONVERTED.kept.values()) / gib
+    case = 0.0
+    if _SHARED.inputs is not None:
+        case = tensor_bytes(_SHARED.inputs, _SHARED.bounds, kept_for(_SHARED.inputs.weights)) / gib
+    other = max(0.0, held_gib - conversions - case)
+    return {"held: conversions": round(conversions, 3), "held: case": round(case, 3), "held: other": round(other, 3)}
+
+
+def peak_parts(clock: StageClock, held: dict[str, float], peak_gib: float) -> dict[str, float]:
+    """``Result.device_peak_parts``: the parts of what was allocated when the test began
+    (``held_parts``), each stage that raised the peak by at least ``PEAK_PART_GIB``, and ``other``,
+    the rest of ``peak_gib``."""
+    parts = {name: gib for name, gib in held.items() if gib >= PEAK_PART_GIB}
     parts |= {name: round(v, 3) for name, v in clock.raised.items() if v >= PEAK_PART_GIB}
-    parts["other"] = round(max(0.0, peak_gib - held_gib - sum(clock.raised.values())), 3)
+    parts["other"] = round(max(0.0, peak_gib - sum(held.values()) - sum(clock.raised.values())), 3)
     return parts
 
 
@@ -322,10 +368,10 @@ def worker_main(
         loaded = cache.get(spec)
         if loaded is None:
             loaded = cache[spec] = load_spec(spec)
-        clock, start, held = StageClock(), time.perf_counter(), 0.0
+        clock, start, held = StageClock(), time.perf_counter(), {}
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-            held = torch.cuda.memory_allocated() / (1 << 30)
+            held = held_parts(torch.cuda.memory_allocated() / (1 << 30))
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
                                     contend=contend)  # fmt: skip
         if torch.cuda.is_available():

@@ -96,6 +96,56 @@ def test_a_backend_that_raises_or_declines_keeps_the_cases_inputs_shared_unless_
     _SHARED.clear()
 
 
+def test_what_a_worker_holds_between_tests_is_split_into_conversions_case_and_the_rest(monkeypatch):
+    """A record's held memory names its parts, so that a sweep held back for memory says what to
+    cut: the layer's conversions kept across cases (their measured bytes), the case's shared inputs,
+    oracle and bounds with what the systematic test keeps of its w2 (their tensors' bytes, a view
+    counted with its base), and the rest of what was allocated. A worker on a CPU records none of
+    this (no allocator to read); the parts are checked here from the shared state itself."""
+    import dataclasses
+
+    import torch
+
+    from mxmoe.harness.run import sweep
+
+    base = torch.zeros(1024, dtype=torch.float64)  # 8 KiB
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        whole: torch.Tensor
+        view: torch.Tensor
+        more: dict
+
+    held = Holder(base, base[:10], {"a": [torch.zeros(256, dtype=torch.int32)], "b": (base.view(2, 512),)})
+    assert sweep.tensor_bytes(held) == 8192 + 1024
+    assert sweep.tensor_bytes(held, held, base) == 8192 + 1024
+    assert sweep.tensor_bytes(None, 3, "x", {}) == 0
+
+    honest = load_spec("mxmoe.harness.instruments.honest:HonestFp32")
+    case = next(c for c in profile_cases("pr") if c.id == "tiny-interleaved-default-t8")
+    _SHARED.clear()
+    assert sweep.held_parts(2.0) == {"held: conversions": 0.0, "held: case": 0.0, "held: other": 2.0}
+    assert check_pair(honest, case, ARCH)[0].outcome == "PASS"
+    inputs = _SHARED.inputs
+    w = inputs.weights
+    own = sum(t.untyped_storage().nbytes() for t in (inputs.x, inputs.router_logits, w.w13_blocks, w.w13_scales,
+                                                     w.w2_blocks, w.w2_scales, w.w13_bias, w.w2_bias))  # fmt: skip
+    (bounded, _), = _SHARED.bounds.values()
+    oracle = sum(t.untyped_storage().nbytes() for t in (bounded.ref, bounded.rigorous, bounded.probabilistic))
+    case_bytes = sweep.tensor_bytes(_SHARED.inputs, _SHARED.bounds, systematic.kept_for(w))
+    assert case_bytes >= own + oracle
+    kept = sweep._Converted()
+    kept.kept[("conv", case)] = (None, 3 << 29)  # 1.5 GiB measured at a conversion
+    monkeypatch.setattr(sweep, "_CONVERTED", kept)
+    gib = 1 << 30
+    parts = sweep.held_parts(4.0)
+    assert parts["held: conversions"] == 1.5
+    assert parts["held: case"] == round(case_bytes / gib, 3)
+    assert parts["held: other"] == round(4.0 - 1.5 - case_bytes / gib, 3)
+    assert sweep.held_parts(0.5)["held: other"] == 0.0  # never negative, whatever the allocator said
+    _SHARED.clear()
+
+
 def test_spectral_norms_are_kept_on_disk(tmp_path, monkeypatch):
     import torch
 
@@ -698,8 +748,10 @@ def test_a_tests_device_peak_is_split_into_what_was_held_and_what_each_stage_rai
             pass
     assert clock.raised["oracle and bound"] == 4.0 and clock.raised["convert"] == 0.0
     assert clock.raised["systematic"] == 6.0
-    parts = sweep.peak_parts(clock, 8.0, 21.5)
-    assert parts == {"held": 8.0, "oracle and bound": 4.0, "systematic": 6.0, "other": 3.5}
+    held = {"held: conversions": 5.0, "held: case": 3.0, "held: other": 0.0}
+    parts = sweep.peak_parts(clock, held, 21.5)
+    assert parts == {"held: conversions": 5.0, "held: case": 3.0, "oracle and bound": 4.0, "systematic": 6.0,
+                     "other": 3.5}  # fmt: skip
     with pytest.raises(ValueError, match="stage must be one of"):
         with clock.stage("oracle"):
             pass
@@ -707,11 +759,11 @@ def test_a_tests_device_peak_is_split_into_what_was_held_and_what_each_stage_rai
     run = sweep.Sweep(recorder=None)
     assert run.memory_line() is None  # no test recorded a peak (a CPU)
     for model, tokens, peak, made in (("gptoss20b", 1, 19.0, {}), ("gptoss120b", 1, 21.5, parts),
-                                      ("gptoss120b", 4, 30.0, {"held": 12.0, "convert": 18.0})):  # fmt: skip
+                                      ("gptoss120b", 4, 30.0, {"held: other": 12.0, "convert": 18.0})):  # fmt: skip
         result = Result(f"x-{model}-{tokens}", "x", ARCH, make_case(model, tokens), "PASS")
         result.device_peak_gib, result.device_peak_parts = peak, made
         run.verdicts.append(sweep.Verdict(result, None))
     assert run.memory_line() == (
         "check: device memory of gptoss120b's 2 tests: median peak 25.8 GiB, largest 30.0 GiB "
-        "(x-gptoss120b-4: convert 18.0, held 12.0)"
+        "(x-gptoss120b-4: convert 18.0, held: other 12.0)"
     )
