@@ -466,8 +466,13 @@ def kept_for(weights: MoEWeights) -> dict:
     """What is kept for ``weights``' pair of w2 tensors (``_per_tensors``: dequantized matrices,
     norms, thresholds), or {} where nothing is: a worker counts it among the device memory it holds
     between a case's tests (``sweep.held_parts``)."""
-    entry = _BY_TENSORS.get((id(weights.w2_blocks), id(weights.w2_scales)))
+    entry = _BY_TENSORS.get(_tensors_key(weights))
     return {} if entry is None else entry[4]
+
+
+def _tensors_key(weights: MoEWeights) -> tuple[int, int]:
+    """``_BY_TENSORS``' key for ``weights``' pair of w2 tensors."""
+    return id(weights.w2_blocks), id(weights.w2_scales)
 
 
 def _per_tensors(weights: MoEWeights, what: str) -> dict:
@@ -475,7 +480,7 @@ def _per_tensors(weights: MoEWeights, what: str) -> dict:
     version counters), one per ``what``: what is derived from the weights alone is then derived
     once for every backend checked on them (``sweep.check_pair`` shares a case's inputs)."""
     b, s = weights.w2_blocks, weights.w2_scales
-    key = (id(b), id(s))
+    key = _tensors_key(weights)
     entry = _BY_TENSORS.get(key)
     if entry is None or entry[0]() is not b or entry[1]() is not s or entry[2:4] != (b._version, s._version):
 

@@ -160,9 +160,13 @@ class _Converted:
         for key in [k for k in self.kept if k[1] != layer]:
             del self.kept[key]
 
+    def kept_bytes(self) -> int:
+        """Device bytes of what is kept, as measured at each conversion."""
+        return sum(size for _, size in self.kept.values())
+
     def _keep(self, key: tuple[str, Case], ready: object, size: int, budget: int) -> None:
         self.keep_layer(key[1])
-        if sum(b for _, b in self.kept.values()) + size <= budget:
+        if self.kept_bytes() + size <= budget:
             self.kept[key] = (ready, size)
 
     def clear(self) -> None:
@@ -282,7 +286,7 @@ def held_parts(held_gib: float) -> dict[str, float]:
     anything no one let go). Admission decides how many cases share a GPU by such memory, so a
     record that says which part grew says what to cut."""
     gib = 1 << 30
-    conversions = sum(size for _, size in _CONVERTED.kept.values()) / gib
+    conversions = _CONVERTED.kept_bytes() / gib
     case = 0.0
     if _SHARED.inputs is not None:
         case = tensor_bytes(_SHARED.inputs, _SHARED.bounds, kept_for(_SHARED.inputs.weights)) / gib
