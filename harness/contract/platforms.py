@@ -94,16 +94,19 @@ CONVERTED_GPU_GIB = 12
 """GPU memory a check worker keeps converted weights in, across the cases of one layer
 (``sweep._Converted``): a gpt-oss-120b layer converted for one backend is about 1.6 GiB, so an H200
 worker keeps the eight production kernels' of one layer."""
-WORKER_GPU_GIB = 48 + CONVERTED_GPU_GIB
+WORKER_GPU_GIB = 28 + CONVERTED_GPU_GIB
 """GPU memory a check worker is given for a gpt-oss-120b case (the heaviest layer a sign-off
-checks), the unit ``case_gpu_gib`` scales from. Measured: on one H200 (2026-12-03) a sign-off's
-workers on gpt-oss-120b cases held 29 to 37 GiB each (the drawn layer, its w2 dequantized in
-float32 for the systematic test, each backend's converted copy, the float64 oracle and bound, the
-caching allocator's slack). 4 workers each on such a case beside the fault catalogue ran out of
-the GPU's 139 GiB: tests ERRORed with torch's OutOfMemoryError, and FlashInfer's CUTLASS kernel
-failed 3 gpt-oss-120b cases with run-to-run differences (cases it passed on one worker before).
-48 GiB left a third of headroom over the worst seen; the converted weights a worker keeps across a
-layer's cases (``CONVERTED_GPU_GIB``) come on top."""
+checks), the unit ``case_gpu_gib`` scales from; once a test of the layer has recorded its peak,
+``PEAK_MARGIN`` times that admits the layer's later cases where it is more. Measured on an H100
+(2026-12-07): the largest allocated peak of a gpt-oss-120b test with up to ``UNIT_TOKENS`` tokens
+was 41.1 GiB, with every backend's conversion kept (11.3 GiB, ``CONVERTED_GPU_GIB``'s part); 7.1 GiB
+of it was the last case's, which a worker now collects when it leaves a case
+(``sweep.leave_case``), and 2.0 the float32 half of the systematic test's w2 (kept in bfloat16
+now). ``PEAK_MARGIN`` times the 32 GiB left is 40: two such cases fit an H200's share (125 GiB)
+with a third, and one fits an H100's (71 GiB) beside a gpt-oss-20b case, where at 60 GiB nothing
+of weight ran beside it. The first count was 48 + 12 GiB, from an H200 (2026-12-03) on which 4
+workers each on such a case beside the fault catalogue ran out of memory, before the records
+named what a test held."""
 DEVICE_SHARE = 0.9
 """The part of a GPU's free memory (when a sweep starts) its cases may hold at once: the rest is
 for what runs beside a sign-off's kernel check (the fault catalogue, the padding audit, GPQA's

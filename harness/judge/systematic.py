@@ -163,13 +163,22 @@ def _bias_directions(weights: MoEWeights, terms: SlotTerms, device: torch.device
     return out
 
 
+KEPT_W2_DTYPE = torch.bfloat16
+"""What ``_w2`` keeps the dequantized w2 in between a case's backends. Exact: an MXFP4 value is an
+E2M1 code (two mantissa bits) times a power of two from 2^-127 to 2^127, and bfloat16 has float32's
+exponent range, subnormals down to 2^-133 and seven mantissa bits, so every value rounds to itself,
+and the few past bfloat16's (and float32's) largest finite become infinite in both. Half float32's
+bytes: a worker on a gpt-oss-120b case held 4.0 GiB of it in float32, all 128 experts', beside
+every other thing its case keeps; a GPU's share fits fewer such cases the more each holds."""
+
+
 def _w2(weights: MoEWeights, e: int, device: torch.device, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Expert ``e``'s w2 dequantized, float64 on ``device`` (or ``dtype``). Kept in float32 (exact:
-    an E2M1 code times a power of two) per pair of w2 tensors, as the norms are (``_per_tensors``):
-    the backends checked on one case's inputs dequantize each expert once, not once each."""
+    """Expert ``e``'s w2 dequantized, float64 on ``device`` (or ``dtype``). Kept per pair of w2
+    tensors, as the norms are (``_per_tensors``): the backends checked on one case's inputs
+    dequantize each expert once, not once each. Kept in bfloat16 (``KEPT_W2_DTYPE``)."""
     kept = _per_tensors(weights, "w2")
     if e not in kept:
-        kept[e] = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).float()
+        kept[e] = dequantize_mxfp4(weights.w2_blocks[e], weights.w2_scales[e]).to(KEPT_W2_DTYPE)
     return kept[e].to(device=device, dtype=dtype)
 
 
@@ -518,7 +527,7 @@ def token_covariances(
 
     ``Sigma_t = diag(private) + sum_j w_j^2 W2_j diag(q_j) W2_j^T`` costs ``k H^2 I`` multiply-adds.
     Only the experts these tokens' slots read are dequantized (gpt-oss-120b's 128 are 4.2 GB in
-    float32); a slot routed nowhere reads a zero matrix."""
+    float32, 2.1 as ``_w2`` keeps them); a slot routed nowhere reads a zero matrix."""
     ids = terms.ids[tok]
     n, k = ids.shape
     hidden, inter = terms.variance.shape[1], terms.intermediate_sq.shape[2]

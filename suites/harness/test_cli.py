@@ -265,7 +265,8 @@ def test_auto_workers_are_one_per_core_or_per_gpu_as_many_as_cores_hold_and_memo
     # what a worker keeps converted for a layer scales as its admission does, and stays inside it
     kept = {m: platforms.converted_gpu_gib(make_case(m, 128)) for m in need}
     assert kept["gptoss120b"] == platforms.CONVERTED_GPU_GIB and kept["gptoss20b"] == platforms.CONVERTED_GPU_GIB / 4
-    assert all(kept[m] < need[m] for m in need) and kept["tiny"] == need["tiny"] / 5 and kept["dsv3"] == 12
+    ratio = platforms.CONVERTED_GPU_GIB / platforms.WORKER_GPU_GIB
+    assert all(kept[m] < need[m] for m in need) and kept["tiny"] == need["tiny"] * ratio and kept["dsv3"] == 12
 
 
 def test_production_shapes_add_each_production_kernel_at_the_gpt_oss_cases_once(tmp_path, capsys):

@@ -2,7 +2,8 @@
 whose Frobenius caps could hold the largest eigenvalue gives the bound that running it on every token
 gives, bit for bit; ``tr(Sigma^2)`` from the Frobenius norms is the eigenvalues' sum but for their
 rounding, and both bound the exact covariances from above; only the formed tokens' experts are
-dequantized; and the threshold is computed once per bound, whatever the outputs judged against it."""
+dequantized, and kept in a dtype that holds every MXFP4 value as float32 does; and the threshold is
+computed once per bound, whatever the outputs judged against it."""
 
 from __future__ import annotations
 
@@ -106,3 +107,18 @@ def test_the_threshold_is_computed_once_per_bound(monkeypatch):
     del other
     gc.collect()
     assert len(kept) == 1
+
+
+def test_the_kept_w2_holds_every_mxfp4_value_as_float32_does():
+    """Every E2M1 code under every scale byte (the NaN one too), dequantized exactly and stored in
+    the dtype the energy test keeps w2 in: what it reads back is what float32 would give, bit for
+    bit (the exact value, or the same infinity past float32's range)."""
+    codes = torch.arange(256, dtype=torch.uint8).reshape(16, 16)  # every byte: both codes of each
+    blocks = codes.repeat(256, 1, 1)  # [scale, 16, 16]
+    scales = torch.arange(256, dtype=torch.uint8).reshape(256, 1, 1).expand(256, 16, 1).contiguous()
+    exact = dequantize_mxfp4(blocks, scales).double()
+    kept = exact.to(systematic.KEPT_W2_DTYPE)
+    assert kept.element_size() < 4
+    torch.testing.assert_close(kept.double(), exact.float().double(), rtol=0, atol=0, equal_nan=True)
+    finite = exact.abs() <= torch.finfo(torch.float32).max
+    assert bool(finite.any()) and bool((kept.double()[finite] == exact[finite]).all())
