@@ -302,12 +302,23 @@ def checksum(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+COUNT_SLICE = 1 << 26
+"""Elements ``bitwise_differences`` compares at once. On CUDA a count of a mask widens it to int64
+first (torch's reductions cast their input to the output's dtype; ``count_nonzero`` too): 9 bytes
+per element with the mask, 8.9 GiB for gpt-oss-120b's w13 blocks. The input guards compared those
+at every test, and set MARLIN's and FlashInfer's peaks (5 to 7 GiB over the rest, on an H100,
+2026-12-07); a slice of this many takes 0.6 GiB."""
+
+
 def bitwise_differences(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many elements of two same-dtype tensors differ in any bit (NaN payloads included)."""
+    """How many elements of two same-dtype tensors differ in any bit (NaN payloads included),
+    counted ``COUNT_SLICE`` elements at a time along the first dimension."""
     it = _SAME_SIZE_INT[a.element_size()]
-    # count_nonzero, not .sum(): the sum widens the mask to int64 first, 8 bytes per element (7.9 GiB
-    # for gpt-oss-120b's w13 blocks, an out-of-memory error seen beside other workers on an H200).
-    return int(torch.count_nonzero(a.view(it) != b.view(it)))
+    x, y = a.view(it), b.view(it)
+    if x.dim() == 0 or x.numel() <= COUNT_SLICE:
+        return int(torch.count_nonzero(x != y))
+    rows = max(1, COUNT_SLICE // max(1, x[0].numel()))
+    return sum(int(torch.count_nonzero(x[lo : lo + rows] != y[lo : lo + rows])) for lo in range(0, x.shape[0], rows))
 
 
 # Quiet NaNs with a payload no arithmetic produces (kernels write the canonical NaN), so an element

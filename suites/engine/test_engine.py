@@ -520,3 +520,33 @@ def test_a_backend_that_raises_on_a_repeat_is_an_error_naming_the_run(host_arch)
 def test_repeat_must_be_a_whole_number_of_runs(bad, host_arch):
     with pytest.raises(ValueError, match="repeat: a whole number of runs >= 0"):
         run_case(Emulation(), CASE, host_arch, repeat=bad)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_bitwise_differences_counts_by_slices_what_one_count_would(monkeypatch, device):
+    """The guards' count of differing elements, taken ``COUNT_SLICE`` elements at a time (a whole
+    count widens to 9 bytes an element on CUDA): the same number as one count over the whole tensor,
+    for every shape and dtype the guards compare, a NaN's payload included."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the CUDA count is the one that widens; this host has no GPU")
+    from mxmoe.harness.judge import engine
+
+    monkeypatch.setattr(engine, "COUNT_SLICE", 7)
+    gen = torch.Generator().manual_seed(11)
+    for shape, dtype in [((), torch.float32), ((5,), torch.uint8), ((13, 3), torch.bfloat16),
+                         ((4, 6, 5), torch.uint8), ((2, 40), torch.float64)]:  # fmt: skip
+        a = torch.randint(0, 200, shape, generator=gen).to(dtype)
+        b = a.clone()
+        flat = b.view(-1)
+        hit = torch.randperm(flat.numel(), generator=gen)[: max(1, flat.numel() // 3)]
+        flat[hit] = flat[hit] + 1
+        if dtype == torch.float32:  # a NaN whose payload alone differs
+            a.fill_(float("nan"))
+            b.view(torch.int32).copy_(a.view(torch.int32) + 1)
+        a, b = a.to(device), b.to(device)
+        it = engine._SAME_SIZE_INT[a.element_size()]
+        whole = int((a.view(it) != b.view(it)).sum())
+        assert engine.bitwise_differences(a, b) == whole == (1 if dtype == torch.float32 else len(hit)), (shape, dtype)
+        assert engine.bitwise_differences(a, a) == 0
+        t = a.mT if a.dim() >= 2 else a  # a view that is not contiguous
+        assert engine.bitwise_differences(t, b.mT if b.dim() >= 2 else b) == whole
