@@ -313,37 +313,19 @@ def stage_seconds(clock: StageClock, check_s: float, reproducer_s: float) -> dic
     return stages
 
 
-LEFT_BEHIND_GIB = 1.0
-"""Device memory (GiB) a worker may still hold past its kept conversions once it has let its last
-case go before ``leave_case`` runs the garbage collector: a backend's own state (vLLM's layer kept
-0.34 GiB at gpt-oss-120b) stays under it; a case's inputs and oracle do not (a gpt-oss-120b
-case's are 5.6 GiB and more)."""
-
-
-def leave_case(case: Case) -> float:
+def leave_case(case: Case) -> None:
     """A worker moves on to ``case``: the last case's tensors go, and the allocator's cache with
     them, so that what a gpt-oss-120b case held (tens of GiB) is free for the other workers on its
-    GPU; so do the conversions of a layer it has left. Where more than ``LEFT_BEHIND_GIB`` beyond the
-    kept conversions is still allocated, something the worker let go lives on in a reference cycle
-    (an exception's traceback holds the frames of the calls it passed through, and their locals, a
-    case's inputs and oracle among them), which only the collector frees: on an H100 (2026-12-07) a
-    gpt-oss-120b worker's next case began with 7.1 GiB of the last case's still allocated, held by
-    nothing it kept. A full collection takes a noticeable part of a second in a process that
-    imported vLLM, so it runs only then. Returns the GiB still allocated beyond the kept
-    conversions (0 without a GPU)."""
+    GPU; so do the conversions of a layer it has left.
+    Not collected here: on an H100 (2026-12-07) a worker that ran the garbage collector at every
+    such switch still began each later case with 9.75 GiB of its first test's inputs and oracle
+    allocated (records' ``held: other``), so something holds them, not a reference cycle."""
     import torch
 
     _SHARED.clear()
     _CONVERTED.keep_layer(case.conversion_key)
-    if not torch.cuda.is_available():
-        return 0.0
-    beyond = (torch.cuda.memory_allocated() - _CONVERTED.kept_bytes()) / (1 << 30)
-    if beyond > LEFT_BEHIND_GIB:
-        free_device_memory()
-        beyond = (torch.cuda.memory_allocated() - _CONVERTED.kept_bytes()) / (1 << 30)
-    else:
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return beyond
 
 
 def worker_main(
