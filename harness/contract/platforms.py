@@ -105,8 +105,9 @@ gpt-oss-120b case. Measured on an H100 (2026-12-07): the tests of a worker's fir
 case (T=4096) took at most 32.7 GiB allocated, every backend's conversion kept
 (``CONVERTED_GPU_GIB``'s part) and 2.0 GiB of the systematic test's w2 in float32 included, which is
 kept in bfloat16 now; ``PEAK_MARGIN`` times the 30.7 GiB left is 38. Later cases took up to 40
-GiB, 7 to 10 of it the worker's first test's inputs and oracle, still allocated and not yet
-explained (a record's ``held: other``); the peaks shown admit those. At 28 + 12 (with the guards'
+GiB, 6 to 10 of it an earlier case's inputs and oracle that frames kept by a library held (a
+record's ``held: other``; cleared after each test since, ``sweep.clear_frames_kept_below``); the
+peaks shown admit those. At 28 + 12 (with the guards'
 and w2's savings) a sign-off on an H100 ran gpt-oss-20b cases beside gpt-oss-120b ones for 212 s
 of its 466 s sweep; its kernel check took 472 s, 524 before."""
 DEVICE_SHARE = 0.9

@@ -496,6 +496,21 @@ def judge(backend: Backend, result: Result) -> None:
                 result.outcome, result.reason = "FAIL", f"unexpected pass of a strict xfail: {xf.reason} ({xf.link})"
 
 
+def _one_run(backend: Backend, ready: object, inputs: CaseInputs, clock: StageClock | None) -> torch.Tensor:
+    """One run of ``backend`` into a fresh poisoned output. A function of its own, not a closure
+    in ``guarded_call``: a frame kept past the test (a backend's kept exception) keeps the function
+    it ran, and a closure's cells, which clearing the frame leaves, would keep the case's inputs
+    (``sweep.clear_frames_kept_below``)."""
+    with timed(clock, "guards"):
+        out = poisoned((inputs.case.tokens, inputs.case.hidden), backend.declaration.arithmetic.precision.output,
+                       inputs.x.device)  # fmt: skip
+    with timed(clock, "kernel runs"), _the_backends():
+        backend.run(ready, inputs, out)
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+    return out
+
+
 def guarded_call(
     backend: Backend,
     inputs: CaseInputs,
@@ -537,18 +552,7 @@ def guarded_call(
         result.findings.append(f"{tied} token(s) routed at an exact top-k tie: judged by the closer resolution")
     with timed(clock, "guards"):
         before = {n: t.clone() for n, t in inputs.tensors().items()}  # on the device: cheap at gpt-oss size
-    shape = (inputs.case.tokens, inputs.case.hidden)
     total = 2 + repeat
-
-    def call(ready: object) -> torch.Tensor:
-        with timed(clock, "guards"):
-            out = poisoned(shape, d.arithmetic.precision.output, inputs.x.device)
-        with timed(clock, "kernel runs"), _the_backends():
-            backend.run(ready, inputs, out)
-            if out.is_cuda:
-                torch.cuda.synchronize(out.device)
-        return out
-
     choose = bounded if callable(bounded) else None
 
     def judged(out: torch.Tensor) -> Metrics:
@@ -564,14 +568,14 @@ def guarded_call(
         company = contend() if contend is not None and repeat else contextlib.nullcontext("none" if repeat else "")
         with company as said:
             result.contention = said
-            runs = [call(ready), call(ready)]
+            runs = [_one_run(backend, ready, inputs, clock), _one_run(backend, ready, inputs, clock)]
             with timed(clock, "guards"):
                 differ = bitwise_differences(runs[0], runs[1])
             kept = (2, runs[1], differ, None) if differ else None  # run number, output, differences, metrics
             runs[1] = None  # kept above where it differs; else it is run 1 again
             differing = int(bool(differ))
             for number in range(3, total + 1):
-                out = call(ready)
+                out = _one_run(backend, ready, inputs, clock)
                 with timed(clock, "guards"):
                     differ = bitwise_differences(runs[0], out)
                 if not differ:

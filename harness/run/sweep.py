@@ -23,6 +23,7 @@ import signal
 import statistics
 import sys
 import time
+import types
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -316,16 +317,47 @@ def stage_seconds(clock: StageClock, check_s: float, reproducer_s: float) -> dic
 def leave_case(case: Case) -> None:
     """A worker moves on to ``case``: the last case's tensors go, and the allocator's cache with
     them, so that what a gpt-oss-120b case held (tens of GiB) is free for the other workers on its
-    GPU; so do the conversions of a layer it has left.
-    Not collected here: on an H100 (2026-12-07) a worker that ran the garbage collector at every
-    such switch still began each later case with 9.75 GiB of its first test's inputs and oracle
-    allocated (records' ``held: other``), so something holds them, not a reference cycle."""
+    GPU; so do the conversions of a layer it has left. Not collected here: what outlived a test
+    outside ``_SHARED`` and ``_CONVERTED`` was kept by a finished frame, not by a reference cycle
+    (``clear_frames_kept_below``, after each test)."""
     import torch
 
     _SHARED.clear()
     _CONVERTED.keep_layer(case.conversion_key)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def clear_frames_kept_below(frame: types.FrameType) -> int:
+    """Clear the locals of every finished frame whose callers reach ``frame`` (the worker's loop,
+    executing) and that something still keeps; returns how many were cleared.
+
+    Why: a library that keeps an exception raised inside a test (a lazy import's caught error kept
+    in a module, a first failure kept for a later message) keeps its traceback's frames, and a
+    finished frame keeps its locals and its caller (``f_back``), up to the harness's own:
+    ``check_pair``'s, ``run_case``'s and ``guarded_call``'s, which hold the case's inputs, its
+    oracle and bound, and the backend's conversion. On an H100 (2026-12-07) every test of a worker
+    after its first gpt-oss-120b case began with 9.75 GiB of that case allocated, and collecting
+    garbage at each case switch freed none of it. Clearing a finished frame (what
+    ``traceback.clear_frames`` does) drops only its locals: the kept exception still prints its
+    traceback. An executing frame cannot be cleared and is left as it is. The collector's list of
+    objects is walked, a fraction of a second where vLLM is imported, so the worker asks only where
+    something took a reference to its loop's frame during the test (``sys.getrefcount``)."""
+    import gc
+
+    cleared = 0
+    for obj in gc.get_objects():
+        if type(obj) is not types.FrameType or obj is frame:
+            continue
+        caller = obj.f_back
+        while caller is not None and caller is not frame:
+            caller = caller.f_back
+        if caller is None:
+            continue
+        with contextlib.suppress(RuntimeError):  # executing: not finished, left alone
+            obj.clear()
+            cleared += 1
+    return cleared
 
 
 def worker_main(
@@ -356,6 +388,7 @@ def worker_main(
     cache: dict[str, Loaded] = {}
     directory = Path(results_dir)
     case_id = None
+    here = sys._getframe()
     while True:
         try:
             task = conn.recv()
@@ -386,8 +419,11 @@ def worker_main(
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             held = held_parts(torch.cuda.memory_allocated() / (1 << 30))
+        refs = sys.getrefcount(here)
         result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
                                     contend=contend)  # fmt: skip
+        if sys.getrefcount(here) > refs:  # a frame of the test outlived it (a kept exception's)
+            clear_frames_kept_below(here)
         if torch.cuda.is_available():
             peak = torch.cuda.max_memory_allocated() / (1 << 30)
             result.device_peak_gib = round(peak, 3)

@@ -183,6 +183,25 @@ class OutOfMemoryOnce(TorchMoE):
         super().run(prepared, inputs, out)
 
 
+KEPT: list[BaseException] = []
+"""What ``KeepsAnError`` kept (a library's module-level memory of an error)."""
+
+
+class KeepsAnError(TorchMoE):
+    """Honest, but on each call raises and catches an error inside its run and keeps it at module
+    level, as a library keeps a lazy import's failure or its first error for a later message: the
+    kept traceback's frames reach the worker's."""
+
+    declaration = _declare("keeps-an-error", "honest fp32, keeping an error caught inside its run")
+
+    def run(self, prepared, inputs, out):
+        try:
+            raise LookupError("an optional module is absent (the library remembers why)")
+        except LookupError as exc:
+            KEPT.append(exc)
+        super().run(prepared, inputs, out)
+
+
 class ConvertsPerLayer(TorchMoE):
     """Honest, declaring that its conversion reads only the layer (``converts_per_layer``), and
     counting its conversions: a sweep may keep them across a layer's cases."""

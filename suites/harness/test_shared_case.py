@@ -5,6 +5,7 @@ including after a backend that writes into its inputs."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -767,6 +768,40 @@ def test_a_tests_device_peak_is_split_into_what_was_held_and_what_each_stage_rai
         "check: device memory of gptoss120b's 2 tests: median peak 25.8 GiB, largest 30.0 GiB "
         "(x-gptoss120b-4: convert 18.0, held: other 12.0)"
     )
+
+
+def test_a_worker_keeps_nothing_of_a_case_through_an_error_a_backend_kept(tmp_path, monkeypatch):
+    """A library that keeps an error raised inside a test keeps that traceback's frames, and each
+    finished frame its caller's and its locals: without the worker clearing them, the harness's
+    frames would keep the case's inputs and oracle after the worker let the case go."""
+    import threading
+    import weakref
+    from multiprocessing import Pipe
+
+    import torch
+
+    from mxmoe.harness.run import sweep
+
+    monkeypatch.setattr(sweep, "_CONVERTED", sweep._Converted(budget=1 << 30, meter=lambda device: 0))
+    case = next(c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens)
+    parent, child = Pipe()
+    worker = threading.Thread(target=sweep.worker_main, args=(child, str(tmp_path), torch.get_num_threads()))
+    worker.start()
+    try:
+        parent.send((0, f"{FAULTY}:KeepsAnError", case.to_dict(), ARCH, 0))
+        assert parent.recv() == ("begin", 0)
+        assert parent.recv()[2].outcome == "PASS"
+        drawn = weakref.ref(sweep._SHARED.inputs.x)
+        bound = weakref.ref(next(iter(sweep._SHARED.bounds.values()))[0])
+        parent.send(sweep.RELEASE)
+        parent.send(None)
+    finally:
+        worker.join(60)
+    assert not worker.is_alive()
+    files = [m for name, m in list(sys.modules.items()) if name.startswith("mxmoe_backend_file_")]
+    kept = [e for m in files if hasattr(m, "KeepsAnError") for e in m.KEPT]
+    assert kept and kept[-1].__traceback__ is not None  # the error is still kept, its traceback too
+    assert drawn() is None and bound() is None  # but nothing of the case through it
 
 
 def test_a_worker_leaving_a_case_lets_go_of_its_inputs_and_of_other_layers_conversions(monkeypatch):
