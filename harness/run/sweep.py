@@ -329,8 +329,8 @@ def leave_case(case: Case) -> None:
 
 
 def clear_frames_kept_below(frame: types.FrameType) -> int:
-    """Clear the locals of every finished frame whose callers reach ``frame`` (the worker's loop,
-    executing) and that something still keeps; returns how many were cleared.
+    """Clear the locals of ``frame`` (finished) and of every finished frame whose callers reach it
+    that something still keeps; returns how many were cleared.
 
     Why: a library that keeps an exception raised inside a test (a lazy import's caught error kept
     in a module, a first failure kept for a later message) keeps its traceback's frames, and a
@@ -342,14 +342,14 @@ def clear_frames_kept_below(frame: types.FrameType) -> int:
     ``traceback.clear_frames`` does) drops only its locals: the kept exception still prints its
     traceback. An executing frame cannot be cleared and is left as it is. The collector's list of
     objects is walked, a fraction of a second where vLLM is imported, so the worker asks only where
-    something took a reference to its loop's frame during the test (``sys.getrefcount``)."""
+    a frame of the test outlived it (``_checked``)."""
     import gc
 
     cleared = 0
     for obj in gc.get_objects():
-        if type(obj) is not types.FrameType or obj is frame:
+        if type(obj) is not types.FrameType:
             continue
-        caller = obj.f_back
+        caller = obj
         while caller is not None and caller is not frame:
             caller = caller.f_back
         if caller is None:
@@ -358,6 +358,18 @@ def clear_frames_kept_below(frame: types.FrameType) -> int:
             obj.clear()
             cleared += 1
     return cleared
+
+
+def _checked(
+    loaded: Loaded, case: Case, arch: str, **kwargs: object
+) -> tuple[tuple[Result, CaseInputs | None], types.FrameType]:
+    """``check_pair``, and the frame of this call, finished: a frame of the test that something
+    kept keeps it as its caller, so a reference to it beyond the caller's own says that one outlived
+    the test (``clear_frames_kept_below``). A new frame for each test, so a library that keeps only
+    its latest error (the last test's frames, dropping the one before) is seen too, which a count of
+    references to the worker's own frame, the same before and after such a test, would miss. The
+    frame is taken after the call, not kept in a local: in a local it would keep itself."""
+    return check_pair(loaded, case, arch, **kwargs), sys._getframe()  # type: ignore[arg-type]
 
 
 def worker_main(
@@ -388,7 +400,6 @@ def worker_main(
     cache: dict[str, Loaded] = {}
     directory = Path(results_dir)
     case_id = None
-    here = sys._getframe()
     while True:
         try:
             task = conn.recv()
@@ -419,11 +430,11 @@ def worker_main(
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             held = held_parts(torch.cuda.memory_allocated() / (1 << 30))
-        refs = sys.getrefcount(here)
-        result, inputs = check_pair(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
-                                    contend=contend)  # fmt: skip
-        if sys.getrefcount(here) > refs:  # a frame of the test outlived it (a kept exception's)
-            clear_frames_kept_below(here)
+        (result, inputs), test = _checked(loaded, case, arch, diagnose=diagnose, clock=clock, repeat=repeat,
+                                          contend=contend)  # fmt: skip
+        if sys.getrefcount(test) > 2:  # this name and the call's argument: more, a frame of the test outlived it
+            clear_frames_kept_below(test)
+        test = None
         if torch.cuda.is_available():
             peak = torch.cuda.max_memory_allocated() / (1 << 30)
             result.device_peak_gib = round(peak, 3)

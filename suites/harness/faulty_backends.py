@@ -202,6 +202,17 @@ class KeepsAnError(TorchMoE):
         super().run(prepared, inputs, out)
 
 
+class KeepsTheLastError(KeepsAnError):
+    """The same, but keeps only its latest error, as a library's "last error" does: each call
+    drops the frames the one before kept, and keeps its own."""
+
+    declaration = _declare("keeps-the-last-error", "honest fp32, keeping the latest error caught inside its run")
+
+    def run(self, prepared, inputs, out):
+        KEPT.clear()
+        super().run(prepared, inputs, out)
+
+
 class ConvertsPerLayer(TorchMoE):
     """Honest, declaring that its conversion reads only the layer (``converts_per_layer``), and
     counting its conversions: a sweep may keep them across a layer's cases."""
