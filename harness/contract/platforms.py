@@ -107,9 +107,9 @@ case (T=4096) took at most 32.7 GiB allocated, every backend's conversion kept
 kept in bfloat16 now; ``PEAK_MARGIN`` times the 30.7 GiB left is 38. Later cases took up to 40
 GiB, 6 to 10 of it an earlier case's inputs and oracle that frames kept by a library held (a
 record's ``held: other``; cleared after each test since, ``sweep.clear_frames_kept_below``); the
-peaks shown admit those. At 28 + 12 (with the guards'
-and w2's savings) a sign-off on an H100 ran gpt-oss-20b cases beside gpt-oss-120b ones for 212 s
-of its 466 s sweep; its kernel check took 472 s, 524 before."""
+peaks shown admit those. At 28 + 12 (with the guards' and w2's savings) a sign-off on an H100 ran
+gpt-oss-20b cases beside gpt-oss-120b ones for 212 s of its 466 s sweep; its kernel check took
+472 s, 524 before."""
 DEVICE_SHARE = 0.9
 """The part of a GPU's free memory (when a sweep starts) its cases may hold at once: the rest is
 for what runs beside a sign-off's kernel check (the fault catalogue, the padding audit, GPQA's

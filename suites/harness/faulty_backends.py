@@ -184,7 +184,7 @@ class OutOfMemoryOnce(TorchMoE):
 
 
 KEPT: list[BaseException] = []
-"""What ``KeepsAnError`` kept (a library's module-level memory of an error)."""
+"""What ``KeepsAnError`` and ``KeepsTheLastError`` kept (a library's module-level memory of an error)."""
 
 
 class KeepsAnError(TorchMoE):
