@@ -74,21 +74,25 @@ class WhereRanB(WhereRan):
     declaration = _declare("where-ran-b", "honest fp32, noting its worker's pid")
 
 
-def _company(path: str, named: set[str]) -> bool:
-    """Whether a case not in ``named`` has started in a process other than this one."""
+def _company(path: str, others: set[str]) -> bool:
+    """Whether a case of ``others`` has started in a process other than this one."""
     with open(path, encoding="utf-8") as f:
         lines = [line.split() for line in f]
-    return any(w == "start" and case not in named and int(pid) != os.getpid() for w, case, _t, pid in lines)
+    return any(w == "start" and case in others and int(pid) != os.getpid() for w, case, _t, pid in lines)
 
 
 class Occupies(TorchMoE):
     """Honest, and slow: each run sleeps 0.2 s between two lines ``start|end case time pid`` it
     appends to $MXMOE_TEST_WHERE_RAN, so that a test sees which cases ran at the same time.
 
-    A case named in $MXMOE_TEST_AWAIT_COMPANY (ids, comma-separated) also waits, up to 60 s, until
-    a case not named there has started in another process: whether two cases overlap then depends
-    on the sweep's admission alone, not on how fast the other workers start up (on a loaded host
-    one worker could otherwise run every case before the others were up)."""
+    $MXMOE_TEST_AWAIT_COMPANY names groups of cases (ids comma-separated, groups separated by
+    ``;``). A case of one group also waits, after its start line, up to 60 s until a case of another
+    group has started in another process. Two cases of different groups that the sweep runs at once
+    then overlap whatever the order and speed of their workers: whichever starts second finds the
+    first still waiting or running. So whether they overlap depends on the sweep's admission alone,
+    not on how fast the other workers start up. (A large case that waited only for some other case's
+    start could find one long ended, and run with no small case beside it: so a GPU host's pr suite
+    once failed.)"""
 
     declaration = _declare("occupies", "honest fp32, 0.2 s per run, noting when")
 
@@ -97,9 +101,11 @@ class Occupies(TorchMoE):
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"start {inputs.case.id} {time.time()} {os.getpid()}\n")
         time.sleep(0.2)
-        named = set(filter(None, os.environ.get("MXMOE_TEST_AWAIT_COMPANY", "").split(",")))
+        groups = [set(filter(None, g.split(","))) for g in os.environ.get("MXMOE_TEST_AWAIT_COMPANY", "").split(";")]
+        mine = any(inputs.case.id in g for g in groups)
+        others = set().union(*(g for g in groups if inputs.case.id not in g)) if mine else set()
         deadline = time.monotonic() + 60
-        while inputs.case.id in named and time.monotonic() < deadline and not _company(path, named):
+        while others and time.monotonic() < deadline and not _company(path, others):
             time.sleep(0.05)
         super().run(prepared, inputs, out)
         with open(path, "a", encoding="utf-8") as f:

@@ -641,9 +641,11 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved")][:6]
     big, huge = {cases[0].id, cases[1].id}, cases[2].id
     monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 10.0 if c.id == huge else 3.0 if c.id in big else 1.0)
-    # a large case waits for a small one to start elsewhere: admitted beside it, it does (a worker
-    # that starts up late no longer decides the overlap); refused, the large one ends after 60 s alone
-    monkeypatch.setenv("MXMOE_TEST_AWAIT_COMPANY", ",".join(sorted(big)))
+    # a large case waits for a small one to start elsewhere, and a small one for a large one: admitted
+    # beside each other, the two overlap (a worker that starts up late no longer decides it); refused,
+    # each ends after 60 s alone
+    small = [c.id for c in cases[3:]]
+    monkeypatch.setenv("MXMOE_TEST_AWAIT_COMPANY", f"{','.join(sorted(big))};{','.join(small)}")
     run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
     verdicts = run.run([(occupies, c) for c in cases], ARCH)
     assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
@@ -655,7 +657,7 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     ids = [c.id for c in cases]
     assert not overlap(*big)
     assert not any(overlap(huge, other) for other in ids if other != huge)
-    assert any(overlap(b, small) for b in big for small in ids[3:])
+    assert any(overlap(b, s) for b in big for s in small), spans
     assert run.times["tests"] > 0 and run.times["wall"] > 0 and "held back" in run.time_line()
     log.write_text("")  # one case at a time: the other two workers are held back while cases wait
     monkeypatch.delenv("MXMOE_TEST_AWAIT_COMPANY")
