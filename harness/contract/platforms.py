@@ -190,6 +190,34 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+CACHE_KEPT_GIB = 1.0
+"""Device memory (GiB) a worker's allocator may keep cached after a test: past it, a check worker
+gives what is cached and unallocated back to the GPU before its next test (``return_cached``), and
+a pytest worker collects garbage and gives its cache back before its share of the GPU goes
+(``harness.plugin``); under it, the calls cost more than the memory is worth."""
+
+
+def return_cached(slack_gib: float = CACHE_KEPT_GIB) -> bool:
+    """Give the allocator's cached, unallocated blocks back to the GPU where they exceed
+    ``slack_gib``; returns whether it did.
+
+    Why: the sweep admits a case with what its tests were seen to allocate (``PEAK_MARGIN`` times
+    their peak), but a process holds what its allocator reserved, and across the tests of one case
+    that grows past the allocated peak: blocks one backend's conversion freed stay cached, in sizes
+    the next backend's tensors may not fit. On an H100 (2026-12-07), vLLM's FlashInfer layer, the
+    last of eight backends on a gpt-oss-120b case, had 45 GiB in use when it ran out of memory
+    beside another case, where that layer's tests allocated at most 32 GiB; every gpt-oss-120b
+    case was admitted with 56 GiB after it, and none could run beside gpt-oss-20b's. Only past the
+    slack, so that the many small tests keep their cache (an emptied cache sends the next test's
+    allocations to the driver)."""
+    if not torch.cuda.is_available():
+        return False
+    if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= slack_gib * (1 << 30):
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def says_out_of_memory(text: str) -> bool:
     """Whether an error's text is the device running out of memory: torch's OutOfMemoryError, the
     CUDA or HIP runtime's "out of memory" (a context that could not be created too), or a backend's

@@ -259,10 +259,6 @@ TEST_GIB = 1.0
 """The share of GPU memory (GiB) a test that names no case runs with: most of the suite touches the
 GPU lightly or not at all. One that holds more names its cases (a ``Case`` parameter, or the
 ``device_case`` mark); what an estimate misses, running out of memory beside others shows."""
-CACHE_KEPT_GIB = 1.0
-"""A worker whose allocator has more than this cached after a test gives it back to the GPU before
-its share goes (``platforms.free_device_memory``); under it, the garbage collection that takes costs
-more than the memory is worth."""
 RAN_AGAIN_ALONE = "ran again alone"
 """The user property of a test that ran out of device memory beside others and ran again alone."""
 _LEDGER = pytest.StashKey[object]()
@@ -319,7 +315,7 @@ def _device_need(item: pytest.Item) -> float:
 def _give_back_cache() -> None:
     import torch
 
-    from mxmoe.harness.contract.platforms import free_device_memory
+    from mxmoe.harness.contract.platforms import CACHE_KEPT_GIB, free_device_memory
 
     if torch.cuda.is_available() and torch.cuda.memory_reserved() > CACHE_KEPT_GIB * (1 << 30):
         free_device_memory()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import multiprocessing
 import os
@@ -25,7 +26,7 @@ import sys
 import time
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -40,6 +41,7 @@ from mxmoe.harness.contract.platforms import (
     device_for,
     free_device_memory,
     host_arch,
+    return_cached,
     says_out_of_memory,
     tokens_gpu_gib,
 )
@@ -439,6 +441,7 @@ def worker_main(
             peak = torch.cuda.max_memory_allocated() / (1 << 30)
             result.device_peak_gib = round(peak, 3)
             result.device_peak_parts = peak_parts(clock, held, peak)
+        return_cached()  # what the test freed, cached past the slack, is not its case's next test's
         saving = time.perf_counter()
         repro = _repro_or_note(directory, result, loaded, inputs)
         # Not kept while the worker waits: an idle worker holding its last case's inputs (GiBs at
@@ -498,6 +501,30 @@ class _Needs:
         return self(case)
 
 
+def admission(needs: Iterable[float], room: float, share: float, before_head: float) -> int | None:
+    """Where in the queue (``needs``: each queued case's memory, in queue order, the head first) an
+    idle worker takes its next case, on a GPU with ``room`` GiB of its ``share`` left beside the
+    cases running there, ``before_head`` GiB of which were admitted before the head began to wait;
+    None: it waits.
+
+    The head when it fits. Otherwise the first case that fits, which overtakes the head, but only
+    while the head could not run even if the cases that overtook it ended: once what was running
+    before it waited has ended, nothing more overtakes it, so it runs when those that did end. Why:
+    with every idle worker taking the first case that fits, a large case could wait for as long as
+    small ones were queued. On an H100 (2026-12-07) a gpt-oss-120b case, admitted with more memory
+    after running out of it, waited about 95 s while gpt-oss-20b cases were taken in its place, and
+    no gpt-oss-120b case ran meanwhile. A head larger than the share needs its GPU to itself."""
+    queued = iter(needs)
+    head = next(queued, None)
+    if head is None:
+        return None
+    if head <= room:
+        return 0
+    if min(head, share) <= share - before_head:
+        return None  # only cases that overtook it keep it out: they end, and it runs
+    return next((n for n, need in enumerate(queued, start=1) if need <= room), None)
+
+
 _TORCH_OUT_OF_MEMORY = re.compile(
     r"Tried to allocate ([\d.]+) (bytes|KiB|MiB|GiB)\..*?this process has ([\d.]+) (bytes|KiB|MiB|GiB) memory in use",
     re.S,
@@ -534,6 +561,9 @@ class _Slot:
     """The GPU its worker is pinned to (``pin_gpu``: its index modulo their number)."""
     held: float = 0.0
     """Device memory (GiB) its case is admitted with (``case_gpu_gib``), while the case lasts."""
+    admitted: int = 0
+    """When its case was admitted, in the sweep's count of admissions (``admission``'s
+    ``before_head``)."""
     spawned: float | None = None
     """When its worker was started, until its first test begins (start-up time)."""
     waiting: float | None = None
@@ -629,8 +659,9 @@ class Sweep:
     gpu_gib: float | None = None
     """Device memory (GiB) the cases running on one GPU may hold together (``platforms.gpu_share_gib``):
     a worker takes the first queued case that fits beside its GPU's others
-    (``platforms.case_gpu_gib``), one that fits nowhere runs where its GPU has no other; None (a
-    CPU) admits every case."""
+    (``platforms.case_gpu_gib``), past the queue's first only while that one could not run anyway
+    (``admission``); one that fits nowhere runs where its GPU has no other; None (a CPU) admits
+    every case."""
     gpus: int = 1
     """GPUs the workers are pinned to, round-robin (``platforms.pin_gpu``)."""
     repeat: Callable[[Loaded, Case], int] = lambda _loaded, _case: 0
@@ -702,16 +733,33 @@ class Sweep:
             """The other slots on ``slot``'s GPU with a case under way (its memory admitted)."""
             return [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
 
+        admissions = itertools.count(1)
+        head_waits: dict[int, tuple[list[int], int]] = {}
+        """Per GPU, the queue's head when it was first refused there, and the count of admissions
+        then: the cases admitted since overtook it (``admission``)."""
+
         def admit(slot: _Slot) -> int | None:
-            """Where in the queue the idle ``slot`` takes its next case: the first whose memory fits
-            beside the cases running on its GPU, or the first when none runs there; None to wait."""
+            """Where in the queue the idle ``slot`` takes its next case: the first when none runs on
+            its GPU, else ``admission``'s pick beside the cases running there; None to wait."""
             if self.gpu_gib is None:
                 return 0
             others = sharing(slot)
             if not others:
                 return 0
+            mark = head_waits.get(slot.gpu)
+            if mark is None or mark[0] is not queue[0]:
+                mark = head_waits[slot.gpu] = (queue[0], next(admissions))
+            before = sum(s.held for s in others if s.admitted < mark[1])
             room = self.gpu_gib - sum(s.held for s in others)
-            return next((n for n, g in enumerate(queue) if need(g) <= room), None)
+            return admission((need(g) for g in queue), room, self.gpu_gib, before)
+
+        def alone_on(gpu: int) -> bool:
+            """Whether a case that fits nowhere beside others (``vacate``) is under way on ``gpu``.
+            While it is, no worker held back there is started or preloads: a worker that has loaded
+            backends holds memory no admission counts, and the cases it waits for wait anyway."""
+            return self.gpu_gib is not None and any(
+                s.gpu == gpu and (s.task is not None or s.group) and s.held > self.gpu_gib for s in slots
+            )
 
         def stop_waiting(slot: _Slot) -> None:
             """The slot's wait for memory (if any) ends now: its time is held back."""
@@ -721,7 +769,7 @@ class Sweep:
 
         def next_task(slot: _Slot) -> int | None:
             """The slot's case goes on where it is; an idle worker takes a queued case whole, the
-            first that fits its GPU's memory (``admit``), or waits for one (None)."""
+            one that fits its GPU's memory (``admit``), or waits for one (None)."""
             if not slot.group and queue:
                 pick = admit(slot)
                 if pick is None:
@@ -730,6 +778,7 @@ class Sweep:
                 stop_waiting(slot)
                 slot.group = queue.pop(pick)
                 slot.held = need(slot.group) if self.gpu_gib is not None else 0.0
+                slot.admitted = next(admissions)
                 if self.gpu_gib is not None and slot.held > self.gpu_gib:
                     vacate(slot)
             return slot.group.pop(0) if slot.group else None
@@ -893,7 +942,8 @@ class Sweep:
                                 gone_idle(slot)  # started again with its next case
                     if preloading and queue:
                         for slot in slots:
-                            if slot.waiting is not None and slot.task is None and not slot.group and not slot.preloaded:
+                            idle = slot.waiting is not None and slot.task is None and not slot.group
+                            if idle and not slot.preloaded and not alone_on(slot.gpu):
                                 preload_on(slot)
                     if not queue:  # nothing left to hold back for
                         for slot in slots:

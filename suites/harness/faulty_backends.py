@@ -75,10 +75,11 @@ class WhereRanB(WhereRan):
 
 
 def _company(path: str, others: set[str]) -> bool:
-    """Whether a case of ``others`` has started in a process other than this one."""
+    """Whether a case of ``others`` has started (in any process: while one waits here, its own
+    process starts nothing else)."""
     with open(path, encoding="utf-8") as f:
         lines = [line.split() for line in f]
-    return any(w == "start" and case in others and int(pid) != os.getpid() for w, case, _t, pid in lines)
+    return any(w == "start" and case in others for w, case, _t, _pid in lines)
 
 
 class Occupies(TorchMoE):
@@ -87,9 +88,9 @@ class Occupies(TorchMoE):
 
     $MXMOE_TEST_AWAIT_COMPANY names groups of cases (ids comma-separated, groups separated by
     ``;``). A case of one group also waits, after its start line, up to 60 s until a case of another
-    group has started in another process. Two cases of different groups that the sweep runs at once
-    then overlap whatever the order and speed of their workers: whichever starts second finds the
-    first still waiting or running. So whether they overlap depends on the sweep's admission alone,
+    group has started. The first of the groups' cases to start waits so for a case of another group
+    in another worker; that one finds it waiting or running, and the two overlap whatever the order
+    and speed of their workers. So whether they overlap depends on the sweep's admission alone,
     not on how fast the other workers start up. (A large case that waited only for some other case's
     start could find one long ended, and run with no small case beside it: so a GPU host's pr suite
     once failed.)"""
@@ -142,14 +143,16 @@ class RefusesToLoad(Occupies):
 class CountsSiblings(Occupies):
     """``Occupies``, and also appends ``siblings case n`` to $MXMOE_TEST_SIBLINGS: the number of the
     sweep's other worker processes alive while it runs (its parent's children started by
-    multiprocessing's spawn, read from Linux's /proc)."""
+    multiprocessing's spawn, read from Linux's /proc), the more of its counts as it begins and as
+    it ends (a worker started while it ran counts)."""
 
     declaration = _declare("counts-siblings", "honest fp32, 0.2 s per run, counting the other workers")
 
     def run(self, prepared, inputs, out):
-        with open(os.environ["MXMOE_TEST_SIBLINGS"], "a", encoding="utf-8") as f:
-            f.write(f"siblings {inputs.case.id} {len(_sibling_workers())}\n")
+        before = len(_sibling_workers())
         super().run(prepared, inputs, out)
+        with open(os.environ["MXMOE_TEST_SIBLINGS"], "a", encoding="utf-8") as f:
+            f.write(f"siblings {inputs.case.id} {max(before, len(_sibling_workers()))}\n")
 
 
 def _sibling_workers() -> list[int]:

@@ -625,6 +625,47 @@ def test_an_idle_worker_frees_its_last_case_when_told(tmp_path, monkeypatch):
     assert not idle_holds  # idle, it held nothing of the case
 
 
+def test_a_worker_gives_its_allocators_cache_back_after_each_test_that_left_more_than_the_slack(tmp_path, monkeypatch):
+    """A process holds what its allocator reserved, not only what it allocated, and admission counts
+    allocated peaks: past ``CACHE_KEPT_GIB`` of cached, unallocated memory, ``return_cached``
+    empties the cache, and a worker calls it after every test, not only at a case switch. The
+    GPU's counters are stood in here, so this runs on any host."""
+    import threading
+    from multiprocessing import Pipe
+
+    import torch
+
+    from mxmoe.harness.contract import platforms
+    from mxmoe.harness.run import sweep
+
+    emptied, reserved = [], [platforms.CACHE_KEPT_GIB]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *_: 10 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *_: int((10 + reserved[0]) * (1 << 30)))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(reserved[0]))
+    assert not platforms.return_cached() and not emptied  # at the slack: the cache stays
+    reserved[0] += 0.5
+    assert platforms.return_cached() and emptied == [reserved[0]]
+    monkeypatch.undo()
+
+    calls = []
+    monkeypatch.setattr(sweep, "return_cached", lambda: calls.append(1) or False)
+    case = next(c for c in profile_cases("pr") if c.id == "tiny-interleaved-default-t8")
+    parent, child = Pipe()
+    worker = threading.Thread(target=sweep.worker_main, args=(child, str(tmp_path), torch.get_num_threads()))
+    worker.start()
+    try:
+        for n, spec in enumerate(("mxmoe.kernels.emulation:Emulation", "mxmoe.harness.instruments.honest:HonestFp32")):
+            parent.send((n, spec, case.to_dict(), ARCH, 0))
+            assert parent.recv() == ("begin", n)
+            assert parent.recv()[2].outcome == "PASS"
+            assert len(calls) == n + 1  # after each test of the case, not at its switch alone
+    finally:
+        parent.send(None)
+        worker.join(60)
+    assert not worker.is_alive()
+
+
 def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monkeypatch):
     """A sweep admits a case onto a worker's GPU only while the cases running there fit the GPU's
     share (``Sweep.gpu_gib``, each case's ``platforms.case_gpu_gib``): two large cases never run
@@ -670,6 +711,55 @@ def test_cases_run_on_a_gpu_together_only_while_their_memory_fits(tmp_path, monk
     assert os.environ["MXMOE_TEST_WHERE_RAN"] == str(log)
 
 
+def test_a_case_overtakes_the_queues_head_only_while_the_head_could_not_run_anyway():
+    """``admission``: the queue's head runs when it fits; a later case that fits goes past it only
+    while what ran before the head began to wait still keeps it out, so that cases taken in its
+    place cannot keep it waiting for as long as they are queued."""
+    from mxmoe.harness.run.sweep import admission
+
+    assert admission([3.0, 1.0], room=3.0, share=4.0, before_head=1.0) == 0  # it fits
+    # kept out by a case that ran before it waited: the first that fits goes past it
+    assert admission([3.0, 2.0, 1.0], room=1.0, share=4.0, before_head=2.0) == 2
+    # kept out only by cases that went past it: no more do, and it runs when they end
+    assert admission([3.0, 1.0], room=2.0, share=4.0, before_head=1.0) is None
+    assert admission([3.0, 1.0], room=2.0, share=4.0, before_head=0.0) is None
+    # larger than the share: gone past while a case from before it waited runs, then its GPU drains
+    assert admission([9.0, 1.0], room=3.0, share=4.0, before_head=0.5) == 1
+    assert admission([9.0, 1.0], room=3.0, share=4.0, before_head=0.0) is None
+    assert admission([3.0, 2.0], room=1.0, share=4.0, before_head=2.0) is None  # nothing fits
+    assert admission([], room=4.0, share=4.0, before_head=0.0) is None
+
+
+def test_a_large_case_at_the_queues_head_is_not_kept_waiting_by_small_ones_taken_in_its_place(tmp_path, monkeypatch):
+    """The sweep's admission end to end: a large case queued behind one that keeps it out starts as
+    soon as that one and the small cases that went past it meanwhile have ended, not after every
+    small case queued behind it has started (on an H100 a gpt-oss-120b case so waited about 95 s
+    while gpt-oss-20b cases were taken). The admission is the parent's, so a CPU shows it with the
+    memory needs stood in."""
+    from mxmoe.harness.run import sweep
+    from mxmoe.harness.run.results import Recorder
+
+    log = tmp_path / "when.txt"
+    monkeypatch.setenv("MXMOE_TEST_WHERE_RAN", str(log))
+    occupies = load_spec(f"{FAULTY}:Occupies")
+    cases = [c for c in profile_cases("pr") if c.id.startswith("tiny")]
+    order = [cases[g[0]].id for g in sweep.by_case(list(range(len(cases))), cases, heaviest_first=True)]
+    first, large, small = order[0], order[1], order[2:]
+    assert len(small) >= 6, order
+    gib = {first: 2.0, large: 3.0}
+    monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: gib.get(c.id, 1.0))
+    # the first case runs beside small ones (each waits for the other to start), so that the large
+    # one is kept out, at first, by a case that ran before it waited
+    monkeypatch.setenv("MXMOE_TEST_AWAIT_COMPANY", f"{first};{','.join(small)}")
+    run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
+    verdicts = run.run([(occupies, c) for c in cases], ARCH)
+    assert sorted(v.result.outcome for v in verdicts) == ["PASS"] * len(cases), [v.result.reason for v in verdicts]
+    spans = _spans(log)
+    assert any(spans[s][0] < spans[first][1] for s in small), spans  # small ones went past it meanwhile
+    later = [s for s in small if spans[s][0] > spans[large][0]]
+    assert later, spans  # it started before the small ones queued behind it had all started
+
+
 def test_a_worker_held_back_for_memory_loads_the_queued_backends_meanwhile(tmp_path, monkeypatch):
     """A worker held back for memory loads the queued cases' backends while it waits (in an H100
     sign-off, 7 worker processes booted vLLM, 20 s each, inside their tests), so that its first test
@@ -707,8 +797,9 @@ def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp
     """A case larger than the GPU's share runs with no other case beside it, and also with no other
     worker's process alive on its GPU: an idle worker still holds memory no admission counts (on an
     H200, after a quarter of an hour of tactics, enough that DeepSeek-V3 ran out of memory "beside 0 other
-    cases"). Each run notes how many other workers were alive (Linux's /proc); the small cases show
-    that the count sees them."""
+    cases"). Nor does a worker held back for the cases queued behind it start or preload meanwhile.
+    Each run notes how many other workers were alive (Linux's /proc); the small cases show that the
+    count sees them."""
     import os
 
     from mxmoe.harness.run import sweep
@@ -721,7 +812,10 @@ def test_a_case_that_fits_nowhere_runs_with_no_other_worker_alive_on_its_gpu(tmp
     monkeypatch.setenv("MXMOE_TEST_SIBLINGS", str(siblings))
     counts = load_spec(f"{FAULTY}:CountsSiblings")
     cases = [c for c in profile_cases("pr") if c.id.startswith("tiny-interleaved") and c.tokens][:6]
-    huge = cases[0].id
+    # first in the queue, so that the small cases wait behind it while it runs: a worker held back
+    # for them meanwhile is neither started nor preloaded (``alone_on``)
+    order = [cases[g[0]].id for g in sweep.by_case(list(range(len(cases))), cases, heaviest_first=True)]
+    huge = order[0]
     monkeypatch.setattr(sweep, "case_gpu_gib", lambda c: 10.0 if c.id == huge else 1.0)
     run = sweep.Sweep(Recorder(tmp_path / "r"), workers=3, gpu_gib=4.0, gpus=1)
     verdicts = run.run([(counts, c) for c in cases], ARCH)
