@@ -734,9 +734,9 @@ class Sweep:
             return [s for s in slots if s is not slot and s.gpu == slot.gpu and (s.task is not None or s.group)]
 
         admissions = itertools.count(1)
+        # per GPU, the queue's head when it was first refused there, and the count of admissions
+        # then: the cases admitted since went past it (``admission``'s ``before_head``)
         head_waits: dict[int, tuple[list[int], int]] = {}
-        """Per GPU, the queue's head when it was first refused there, and the count of admissions
-        then: the cases admitted since overtook it (``admission``)."""
 
         def admit(slot: _Slot) -> int | None:
             """Where in the queue the idle ``slot`` takes its next case: the first when none runs on
