@@ -203,13 +203,13 @@ def return_cached(slack_gib: float = CACHE_KEPT_GIB) -> bool:
 
     Why: the sweep admits a case with what its tests were seen to allocate (``PEAK_MARGIN`` times
     their peak), but a process holds what its allocator reserved, and across the tests of one case
-    that grows past the allocated peak: blocks one backend's conversion freed stay cached, in sizes
-    the next backend's tensors may not fit. On an H100 (2026-12-07), vLLM's FlashInfer layer, the
-    last of eight backends on a gpt-oss-120b case, had 45 GiB in use when it ran out of memory
-    beside another case, where that layer's tests allocated at most 32 GiB; every gpt-oss-120b
-    case was admitted with 56 GiB after it, and none could run beside gpt-oss-20b's. Only past the
-    slack, so that the many small tests keep their cache (an emptied cache sends the next test's
-    allocations to the driver)."""
+    that can grow past the allocated peak: blocks one backend's conversion freed can stay cached,
+    in sizes the next backend's tensors may not fit. On an H100 (2026-12-07), vLLM's FlashInfer
+    layer, the last of eight backends on a gpt-oss-120b case, had 45 GiB in use when it ran out of
+    memory beside another case, where that layer's tests of up to 4128 tokens allocated at most
+    33.2 GiB; every gpt-oss-120b case was admitted with 56 GiB after it, and none could run beside
+    gpt-oss-20b's. Only past the slack, so that the many small tests keep their cache (an emptied
+    cache sends the next test's allocations to the driver)."""
     if not torch.cuda.is_available():
         return False
     if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= slack_gib * (1 << 30):
