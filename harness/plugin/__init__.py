@@ -262,6 +262,7 @@ GPU lightly or not at all. One that holds more names its cases (a ``Case`` param
 RAN_AGAIN_ALONE = "ran again alone"
 """The user property of a test that ran out of device memory beside others and ran again alone."""
 _LEDGER = pytest.StashKey[object]()
+_RUN_ID = pytest.StashKey[str]()
 _ALONE = pytest.StashKey[bool]()
 _AGAIN = pytest.StashKey[list[str]]()
 
@@ -294,6 +295,21 @@ def _ledger(config: pytest.Config) -> object | None:
                     share = DEVICE_SHARE * total - CONTEXT_GIB * len(range(gpu, workers, gpus))
                 config.stash[_LEDGER] = Ledger.for_run(run_id, gpu, share)
     return config.stash[_LEDGER]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """The controller notes the run's id (``testrunuid``, what its workers name their ledgers by)
+    as each worker starts, so that it can remove the ledgers when the run ends."""
+    node.config.stash[_RUN_ID] = node.workerinput["testrunuid"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """In the controller of a pytest-xdist run, once its workers are gone: remove their ledgers."""
+    if _RUN_ID in config.stash:
+        from mxmoe.harness.run.ledger import remove_run
+
+        remove_run(config.stash[_RUN_ID])
 
 
 def _device_need(item: pytest.Item) -> float:

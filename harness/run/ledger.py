@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,6 +46,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def run_folder(run_id: str) -> Path:
+    """The folder of one pytest run's ledgers, in the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / f"mxmoe-ledger-{run_id}"
+
+
+def remove_run(run_id: str) -> None:
+    """Remove one pytest run's ledgers once no worker of it is left, so that a GPU runner's
+    temporary folder does not gain a folder with every run of the suite (the run's controller
+    calls this as it ends; a run killed before then leaves its folder)."""
+    shutil.rmtree(run_folder(run_id), ignore_errors=True)
+
+
 @dataclass(frozen=True)
 class Ledger:
     """One GPU's ledger (module docstring): ``path`` the shared file, ``budget_gib`` what the
@@ -56,8 +69,8 @@ class Ledger:
     @staticmethod
     def for_run(run_id: str, gpu: int, budget_gib: float) -> Ledger:
         """The ledger of GPU ``gpu`` for the pytest run ``run_id`` (xdist's ``testrunuid``, the same
-        in every worker of one run and new in each run), in the system's temporary folder."""
-        folder = Path(tempfile.gettempdir()) / f"mxmoe-ledger-{run_id}"
+        in every worker of one run and new in each run), in ``run_folder(run_id)``."""
+        folder = run_folder(run_id)
         folder.mkdir(parents=True, exist_ok=True)
         return Ledger(folder / f"gpu{gpu}.json", budget_gib)
 

@@ -103,7 +103,7 @@ def test_a_dead_workers_share_is_given_back(tmp_path):
 
 
 _SHARED_TESTS = """
-import json, os, pathlib, time
+import json, os, pathlib, tempfile, time
 import pytest
 from mxmoe.harness.contract.cases import make_case
 
@@ -112,7 +112,8 @@ LOG = pathlib.Path(os.environ["LEDGER_LOG"])
 def _span(name):
     start = time.time()
     time.sleep(0.5)
-    (LOG / f"{name}.json").write_text(json.dumps({"start": start, "end": time.time()}))
+    ledgers = sorted(p.name for p in pathlib.Path(tempfile.gettempdir()).glob("mxmoe-ledger-*"))
+    (LOG / f"{name}.json").write_text(json.dumps({"start": start, "end": time.time(), "ledgers": ledgers}))
 
 @pytest.mark.parametrize("n", range(4))
 @pytest.mark.device_case(make_case("gptoss20b", 1))
@@ -145,14 +146,15 @@ def test_fails_otherwise():
 
 def _shared_run(tmp_path: Path, share: float) -> tuple[subprocess.CompletedProcess, Path]:
     suite = tmp_path / f"suite{share:g}"
-    log = suite / "log"
+    log, temp = suite / "log", suite / "temp"
     log.mkdir(parents=True)
+    temp.mkdir()
     (suite / "conftest.py").write_text('pytest_plugins = ["mxmoe.harness.plugin"]\n')
     (suite / "test_shared.py").write_text(_SHARED_TESTS)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--device-share", str(share),
            "test_shared.py"]  # fmt: skip
     run = subprocess.run(cmd, cwd=suite, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, LEDGER_LOG=str(log), PYTHONPATH=os.pathsep.join(
+                         env=dict(os.environ, LEDGER_LOG=str(log), TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(
                              p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)))  # fmt: skip
     return run, log
 
@@ -174,6 +176,9 @@ def test_workers_share_a_gpu_and_a_test_out_of_memory_beside_others_runs_again_a
     assert lines[head].startswith("2 test(s)"), lines[head]
     named = [line.strip().partition(": ")[0] for line in lines[head + 1 : head + 3]]
     assert sorted(named) == ["test_shared.py::test_oom_always", "test_shared.py::test_oom_once"], lines[head:]
+    seen = {tuple(span["ledgers"]) for span in spans.values()}
+    assert len(seen) == 1 and len(next(iter(seen))) == 1, seen  # one run, one ledger folder, while it ran
+    assert not list((log.parent / "temp").glob("mxmoe-ledger-*"))  # and none once it ended
 
 
 def test_a_share_that_holds_two_large_tests_runs_them_at_once(tmp_path):
